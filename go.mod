@@ -1,0 +1,5 @@
+module github.com/confshim/confshim
+
+go 1.26.0
+
+require gopkg.in/yaml.v2 v2.4.0

@@ -1,0 +1,79 @@
+// Command apisix-standalone serves the APISIX standalone Admin API emulator, so that
+// confshim can be tried (make run) and tested without a real APISIX.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/confshim/confshim/integration/emulator"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "apisix-standalone:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("apisix-standalone", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:9180", "address of the emulated Admin API")
+	adminKey := fs.String("admin-key", "", "admin key (X-API-KEY); empty disables authentication")
+	version := fs.String("apisix-version", "3.17.0", "APISIX version to model: 3.13.x, 3.14.x, 3.17.x …")
+	fill := fs.Bool("fill-defaults", false, "store routes and upstreams with default fields filled in (stress option)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	em, err := emulator.New(emulator.Options{Version: *version, AdminKey: *adminKey, FillDefaults: *fill})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	srv := &http.Server{Handler: logRequests(em), ReadHeaderTimeout: 10 * time.Second}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	log.Printf("APISIX %s standalone Admin API emulator on http://%s", em.Version(), ln.Addr())
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.status = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// logRequests logs one line per request; never the query (it may carry api_key).
+func logRequests(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(rec, r)
+		log.Printf("%s %s %d %dB %s", r.Method, r.URL.Path, rec.status, r.ContentLength, time.Since(start).Round(time.Microsecond))
+	})
+}

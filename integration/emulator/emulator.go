@@ -1,0 +1,676 @@
+// Package emulator is an in-process model of Apache APISIX's API-driven standalone
+// Admin API (GET/PUT/HEAD /apisix/admin/configs, POST /apisix/admin/configs/validate,
+// HEAD /apisix/admin), following ../shared/spec/apisix-standalone-admin-api.md. Every
+// end-to-end test of confshim trusts it, so it models the wire exactly: status codes,
+// error texts, headers, the per-section version rules, lua-cjson's encoding quirks, and
+// the differences between APISIX 3.13, 3.14 and 3.17.
+package emulator
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Sections is APISIX's resource key set (apisix/constants.lua), in the fixed order the
+// emulator uses for Lua's pairs().
+var Sections = []string{
+	"routes", "services", "upstreams", "consumers", "consumer_groups", "ssls",
+	"global_rules", "plugin_configs", "plugin_metadata", "protos", "secrets",
+	"stream_routes", "plugins",
+}
+
+// Options configure an Emulator.
+type Options struct {
+	// Version is the APISIX version to model, e.g. "3.13.0", "3.14.1", "3.17.0" (default).
+	Version string
+	// AdminKey enables authentication (§1.2); empty disables it.
+	AdminKey string
+	// ViewerKey, if set, is a second key with role viewer (GET only).
+	ViewerKey string
+	// FillDefaults stores routes and upstreams with default fields added, a stress
+	// option proving that confshim does not rely on GET echoing what was PUT.
+	FillDefaults bool
+	// Now is the clock for X-Last-Modified; time.Now when nil.
+	Now func() time.Time
+}
+
+// Request is a PUT as the emulator received it.
+type Request struct {
+	Header http.Header
+	Body   []byte
+}
+
+// Emulator is an http.Handler that behaves like APISIX's standalone Admin API.
+type Emulator struct {
+	opts  Options
+	minor int // 13, 14, … (APISIX 3.x)
+	ver   string
+
+	mu      sync.Mutex
+	stored  []byte // the shared dict's "config" value; nil when nothing is stored
+	doc     table  // stored, decoded
+	reloads map[string]int
+	lastPut *Request
+	puts    int
+}
+
+// New returns an emulator for the given options.
+func New(opts Options) (*Emulator, error) {
+	if opts.Version == "" {
+		opts.Version = "3.17.0"
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	parts := strings.SplitN(opts.Version, ".", 3)
+	if len(parts) < 2 || parts[0] != "3" {
+		return nil, fmt.Errorf("emulator: unsupported APISIX version %q (want 3.13 or later)", opts.Version)
+	}
+	minor, err := strconv.Atoi(parts[1])
+	if err != nil || minor < 13 {
+		return nil, fmt.Errorf("emulator: unsupported APISIX version %q (want 3.13 or later)", opts.Version)
+	}
+	return &Emulator{opts: opts, minor: minor, ver: opts.Version, reloads: map[string]int{}}, nil
+}
+
+// Version is the modelled APISIX version.
+func (e *Emulator) Version() string { return e.ver }
+
+// sections is the key set of this version: 11 on 3.13 (no plugins, no stream_routes).
+func (e *Emulator) sections() []string {
+	if e.minor < 14 {
+		return Sections[:11]
+	}
+	return Sections
+}
+
+// Reloads returns how often each section's version changed: what an operator would see
+// as section rebuilds in APISIX's logs.
+func (e *Emulator) Reloads() map[string]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[string]int, len(e.reloads))
+	for k, v := range e.reloads {
+		out[k] = v
+	}
+	return out
+}
+
+// LastPut returns the last PUT /apisix/admin/configs received (nil if none).
+func (e *Emulator) LastPut() *Request {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lastPut
+}
+
+// Puts returns how many PUT /apisix/admin/configs requests reached the emulator.
+func (e *Emulator) Puts() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.puts
+}
+
+// Restart drops the stored configuration, as a container restart does (APISIX keeps
+// it in a shared dict only). Reload counts are kept: they are the test's log.
+func (e *Emulator) Restart() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stored, e.doc = nil, nil
+}
+
+// Document returns a copy of the stored document as GET would decode it (nil when
+// nothing is stored).
+func (e *Emulator) Document() map[string]any {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stored == nil {
+		return nil
+	}
+	v, _ := decodeCJSON(e.stored)
+	return v.(table)
+}
+
+// SectionVersion returns the stored K_conf_version (0 when absent).
+func (e *Emulator) SectionVersion(section string) float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	f, _ := e.doc[section+"_conf_version"].(float64)
+	return f
+}
+
+const nginx404 = "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>openresty</center>\r\n</body>\r\n</html>\r\n"
+const nginx500 = "<html>\r\n<head><title>500 Internal Server Error</title></head>\r\n<body>\r\n<center><h1>500 Internal Server Error</h1></center>\r\n<hr><center>openresty</center>\r\n</body>\r\n</html>\r\n"
+
+// ServeHTTP routes like APISIX's admin server (INIT http_admin, AI standalone_uri_route).
+func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Server", "APISIX/"+e.ver)
+	h.Set("Content-Type", "application/json")
+	h.Set("Access-Control-Allow-Origin", "*")
+	h.Set("Access-Control-Allow-Credentials", "true")
+	h.Set("Access-Control-Expose-Headers", "*")
+	h.Set("Access-Control-Max-Age", "3600")
+	if r.Method == http.MethodOptions {
+		h.Set("Access-Control-Allow-Methods", "POST, GET, PUT, OPTIONS, DELETE, PATCH")
+		h.Set("Access-Control-Allow-Headers", "*")
+		h.Set("Content-Type", "text/plain")
+		h.Set("Content-Length", "0")
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	uri := normalizePath(r.URL.Path)
+	switch {
+	case uri == "/apisix/admin" && r.Method == http.MethodHead:
+		w.WriteHeader(http.StatusOK)
+	case uri == "/apisix/admin/configs" && r.Method == http.MethodGet:
+		e.withAuth(w, r, e.get)
+	case uri == "/apisix/admin/configs" && r.Method == http.MethodHead && e.minor >= 14:
+		e.withAuth(w, r, e.head)
+	case uri == "/apisix/admin/configs" && r.Method == http.MethodPut:
+		e.withAuth(w, r, e.put)
+	case uri == "/apisix/admin/configs/validate" && r.Method == http.MethodPost && e.minor >= 15:
+		e.withAuth(w, r, e.validate)
+	default:
+		writeHTML(w, http.StatusNotFound, nginx404)
+	}
+}
+
+// normalizePath models nginx's $uri: merged slashes and resolved dot segments.
+func normalizePath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	trailing := strings.HasSuffix(p, "/") && len(strings.Trim(p, "/")) > 0
+	clean := path.Clean("/" + p)
+	if trailing {
+		clean += "/"
+	}
+	return clean
+}
+
+func writeHTML(w http.ResponseWriter, status int, page string) {
+	w.Header().Set("Content-Type", "text/html")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, page)
+}
+
+// writeJSON writes a cjson-encoded table followed by "\n", as APISIX's core.response does.
+func writeJSON(w http.ResponseWriter, status int, body table) {
+	b, err := encodeCJSON(body)
+	if err != nil {
+		writeHTML(w, http.StatusInternalServerError, nginx500)
+		return
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func writeText(w http.ResponseWriter, status int, text string) {
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, text)
+}
+
+func errorMsg(msg string) table { return table{"error_msg": msg} }
+
+// token finds the admin key the way check_token does: query, header, cookie.
+func token(r *http.Request) (string, bool) {
+	if q := r.URL.Query(); q.Has("api_key") {
+		return q.Get("api_key"), true
+	}
+	if v := r.Header.Values("X-API-KEY"); len(v) > 0 {
+		return v[0], true
+	}
+	if c, err := r.Cookie("x_api_key"); err == nil {
+		return c.Value, true
+	}
+	return "", false
+}
+
+func (e *Emulator) withAuth(w http.ResponseWriter, r *http.Request, next http.HandlerFunc) {
+	if e.opts.AdminKey != "" {
+		tok, ok := token(r)
+		switch {
+		case !ok || tok == "":
+			writeJSON(w, http.StatusUnauthorized, table{"error_msg": "failed to check token", "description": "missing apikey"})
+			return
+		case tok == e.opts.AdminKey:
+		case e.opts.ViewerKey != "" && tok == e.opts.ViewerKey:
+			if r.Method != http.MethodGet {
+				writeJSON(w, http.StatusUnauthorized, table{"error_msg": "failed to check token", "description": "invalid method for role viewer"})
+				return
+			}
+		default:
+			writeJSON(w, http.StatusUnauthorized, table{"error_msg": "failed to check token", "description": "wrong apikey"})
+			return
+		}
+	}
+	next(w, r)
+}
+
+func (e *Emulator) setMetaHeaders(w http.ResponseWriter, doc table) {
+	if e.minor < 14 || doc == nil {
+		return
+	}
+	if lm, ok := doc["X-Last-Modified"].(float64); ok {
+		w.Header().Set("X-Last-Modified", formatLuaNumber(lm))
+	}
+	if d, ok := doc["X-Digest"].(string); ok {
+		w.Header().Set("X-Digest", d)
+	}
+}
+
+func (e *Emulator) get(w http.ResponseWriter, r *http.Request) {
+	e.mu.Lock()
+	stored := e.stored
+	e.mu.Unlock()
+	var doc table
+	if stored == nil {
+		doc = table{}
+		for _, k := range e.sections() {
+			doc[k+"_conf_version"] = float64(0)
+		}
+	} else {
+		v, err := decodeCJSON(stored)
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, errorMsg("failed to get config from shared_dict: "+err.Error()))
+			return
+		}
+		doc = v.(table)
+		e.setMetaHeaders(w, doc)
+	}
+	if strings.HasPrefix(r.Header.Get("Accept"), "application/yaml") {
+		body, err := encodeYAML(doc)
+		if err != nil {
+			writeHTML(w, http.StatusInternalServerError, nginx500)
+			return
+		}
+		w.Header().Set("Content-Type", "application/yaml")
+		writeText(w, http.StatusOK, string(body))
+		return
+	}
+	body, err := encodeCJSON(doc)
+	if err != nil {
+		writeHTML(w, http.StatusInternalServerError, nginx500)
+		return
+	}
+	writeText(w, http.StatusOK, string(body))
+}
+
+func (e *Emulator) head(w http.ResponseWriter, _ *http.Request) {
+	e.mu.Lock()
+	doc := e.doc
+	e.mu.Unlock()
+	e.setMetaHeaders(w, doc)
+	w.WriteHeader(http.StatusOK)
+}
+
+// errLua is an uncaught Lua error in the handler: nginx answers its HTML 500 page.
+var errLua = errors.New("lua error")
+
+// readBody reads and parses a PUT or validate body (§1.3, §2.1 steps 3–4); a YAML
+// syntax error is errLua, as the PUT handler does not catch it.
+func readBody(r *http.Request) (v any, yamlBody bool, err error) {
+	body, rerr := io.ReadAll(r.Body)
+	if rerr != nil {
+		return nil, false, fmt.Errorf("invalid request body: %v", rerr)
+	}
+	if len(body) == 0 {
+		return nil, false, errors.New("invalid request body: empty request body")
+	}
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/yaml") {
+		v, err := decodeYAML(body)
+		return v, true, err
+	}
+	v, err = decodeCJSON(body)
+	if err != nil {
+		return nil, false, fmt.Errorf("invalid request body: %v", err)
+	}
+	return v, false, nil
+}
+
+var errYAMLNonTable = errors.New("invalid request body: invalid yaml request body")
+
+func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
+	digest, hasDigest := "", false
+	if e.minor >= 14 {
+		if vals := r.Header.Values("X-Digest"); len(vals) > 0 {
+			digest, hasDigest = vals[0], true
+		}
+		if !hasDigest {
+			e.notePut(r, nil)
+			writeJSON(w, http.StatusBadRequest, errorMsg("missing digest header"))
+			return
+		}
+	}
+	raw, rerr := io.ReadAll(r.Body)
+	e.notePut(r, raw)
+	if rerr != nil {
+		writeJSON(w, http.StatusBadRequest, errorMsg("invalid request body: "+rerr.Error()))
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(raw))
+	v, isYAML, err := readBody(r)
+	switch {
+	case errors.Is(err, errLua):
+		writeHTML(w, http.StatusInternalServerError, nginx500)
+		return
+	case err != nil:
+		writeJSON(w, http.StatusBadRequest, errorMsg(err.Error()))
+		return
+	}
+	conf, ok := v.(table)
+	if !ok {
+		_, isArray := v.([]any)
+		_, isString := v.(string)
+		switch {
+		case isArray || (isString && !isYAML):
+			conf = table{} // no resource key can be read: behaves like {}
+		case isYAML:
+			writeJSON(w, http.StatusBadRequest, errorMsg(errYAMLNonTable.Error()))
+			return
+		default:
+			writeHTML(w, http.StatusInternalServerError, nginx500)
+			return
+		}
+	}
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.minor >= 14 && e.doc != nil {
+		if stored, _ := e.doc["X-Digest"].(string); stored == digest {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+	}
+	newDoc, status, msg := e.apply(conf)
+	switch {
+	case status == http.StatusInternalServerError && msg == "":
+		writeHTML(w, status, nginx500)
+		return
+	case status != 0:
+		writeJSON(w, status, errorMsg(msg))
+		return
+	}
+	lastModified := float64(e.opts.Now().Unix())
+	if e.minor >= 14 {
+		newDoc["X-Last-Modified"] = lastModified
+		newDoc["X-Digest"] = digest
+	}
+	encoded, encErr := encodeCJSON(newDoc)
+	if encErr != nil {
+		writeText(w, http.StatusInternalServerError, "failed to encode json: "+encErr.Error())
+		return
+	}
+	for _, k := range e.sections() {
+		vk := k + "_conf_version"
+		oldV, _ := e.doc[vk].(float64)
+		if newDoc[vk].(float64) != oldV {
+			e.reloads[k]++
+		}
+	}
+	e.stored = encoded
+	decoded, _ := decodeCJSON(encoded) // what the dict now holds (numbers at 14 digits)
+	e.doc = decoded.(table)
+	if e.minor >= 14 {
+		w.Header().Set("X-Last-Modified", formatLuaNumber(lastModified))
+		w.Header().Set("X-Digest", digest)
+	}
+	w.WriteHeader(http.StatusAccepted)
+}
+
+func (e *Emulator) notePut(r *http.Request, body []byte) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.puts++
+	e.lastPut = &Request{Header: r.Header.Clone(), Body: body}
+}
+
+// versionOf reads V from the request: (value, present, error message).
+func versionOf(conf table, key string) (float64, bool, string) {
+	vk := key + "_conf_version"
+	raw, ok := conf[vk]
+	if !ok || raw == false {
+		return 0, false, ""
+	}
+	f, isNum := raw.(float64)
+	if !isNum {
+		return 0, false, vk + " must be a number"
+	}
+	return f, true, ""
+}
+
+// itemsOf returns the section's items when it holds a non-empty array.
+func itemsOf(conf table, key string) []any {
+	arr, _ := conf[key].([]any)
+	return arr
+}
+
+// checkSection validates the items of one section (checker, then duplicate check, fail-fast).
+// It returns (status, message); status 500 with an empty message is a Lua error.
+func (e *Emulator) checkSection(key string, items []any) (int, string) {
+	seen := map[string]bool{}
+	for i, raw := range items {
+		if cerr := checkItem(key, raw); cerr != nil {
+			return http.StatusBadRequest, e.prefixed(key, i, cerr)
+		}
+		item := raw.(table)
+		id, field, ok := identifier(key, item)
+		if !ok {
+			if e.minor < 17 {
+				return http.StatusInternalServerError, ""
+			}
+			continue
+		}
+		if seen[id] {
+			return http.StatusBadRequest, fmt.Sprintf("found duplicate %s %v in %s", field, displayID(item, field), key)
+		}
+		seen[id] = true
+	}
+	return 0, ""
+}
+
+func (e *Emulator) prefixed(key string, index int, cerr *checkError) string {
+	switch {
+	case e.minor >= 17:
+		return cerr.msg
+	case e.minor == 13 && cerr.schema:
+		return fmt.Sprintf("invalid %s at index %d, err: %s", key, index, strings.TrimPrefix(cerr.msg, "invalid configuration: "))
+	default:
+		return fmt.Sprintf("invalid %s at index %d, err: %s", key, index, cerr.msg)
+	}
+}
+
+// apply runs validation and the per-key version algorithm (§2.1 steps 7–9, §2.3) and
+// returns the new document, or a status and message (500 with "" = Lua error).
+func (e *Emulator) apply(conf table) (table, int, string) {
+	storedVersion := func(key string) float64 {
+		f, _ := e.doc[key+"_conf_version"].(float64)
+		return f
+	}
+	if e.minor >= 15 { // everything validated up front, equal versions included
+		for _, k := range e.sections() {
+			if _, ok := conf[k+"_conf_version"]; ok {
+				if _, _, msg := versionOf(conf, k); msg != "" {
+					return nil, http.StatusBadRequest, msg
+				}
+			}
+			if status, msg := e.checkSection(k, itemsOf(conf, k)); status != 0 {
+				return nil, status, msg
+			}
+		}
+	}
+	for _, k := range e.sections() {
+		req, present, msg := versionOf(conf, k)
+		if msg != "" {
+			return nil, http.StatusBadRequest, msg
+		}
+		stored := storedVersion(k)
+		if present && req < stored {
+			return nil, http.StatusBadRequest, fmt.Sprintf("%s_conf_version must be greater than or equal to (%s)", k, formatLuaNumber(stored))
+		}
+		if e.minor < 15 && (!present || req != stored) {
+			if status, msg := e.checkSection(k, itemsOf(conf, k)); status != 0 {
+				return nil, status, msg
+			}
+		}
+	}
+	doc := table{}
+	for _, k := range e.sections() {
+		req, present, _ := versionOf(conf, k)
+		stored := storedVersion(k)
+		newV := req
+		if !present {
+			newV = stored + 1
+		}
+		if present && req == stored {
+			doc[k+"_conf_version"] = stored
+			if items, ok := e.doc[k]; ok {
+				doc[k] = items
+			}
+			continue
+		}
+		switch conf[k].(type) {
+		case nil, table, []any, yamlNull:
+		case bool:
+			if conf[k] == true {
+				return nil, http.StatusInternalServerError, ""
+			}
+		default: // JSON null, a string or a number: Lua error
+			return nil, http.StatusInternalServerError, ""
+		}
+		doc[k+"_conf_version"] = newV
+		if items := itemsOf(conf, k); len(items) > 0 {
+			if e.opts.FillDefaults {
+				items = fillDefaults(k, items)
+			}
+			doc[k] = items
+		}
+	}
+	return doc, 0, ""
+}
+
+// fillDefaults adds the schema defaults a real data plane might report back.
+func fillDefaults(key string, items []any) []any {
+	defaults := map[string]table{
+		"routes":    {"status": float64(1), "priority": float64(0)},
+		"upstreams": {"pass_host": "pass", "scheme": "http", "hash_on": "vars"},
+	}[key]
+	if defaults == nil {
+		return items
+	}
+	out := make([]any, len(items))
+	for i, raw := range items {
+		item, ok := raw.(table)
+		if !ok {
+			out[i] = raw
+			continue
+		}
+		filled := make(table, len(item)+len(defaults))
+		for k, v := range item {
+			filled[k] = v
+		}
+		for k, v := range defaults {
+			if _, has := filled[k]; !has {
+				filled[k] = v
+			}
+		}
+		out[i] = filled
+	}
+	return out
+}
+
+// maxValidateBody is CV MAX_REQ_BODY (3.17.0+).
+const maxValidateBody = 1572864
+
+func (e *Emulator) validate(w http.ResponseWriter, r *http.Request) {
+	if e.minor >= 17 {
+		if r.ContentLength > maxValidateBody {
+			writeJSON(w, http.StatusBadRequest, errorMsg(fmt.Sprintf("invalid request body: request size %d is greater than the maximum size %d allowed", r.ContentLength, maxValidateBody)))
+			return
+		}
+		raw, _ := io.ReadAll(io.LimitReader(r.Body, maxValidateBody+1))
+		if len(raw) > maxValidateBody {
+			writeJSON(w, http.StatusBadRequest, errorMsg(fmt.Sprintf("invalid request body: request size %d is greater than the maximum size %d allowed", len(raw), maxValidateBody)))
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+	}
+	v, isYAML, err := readBody(r)
+	if err != nil {
+		if isYAML && !strings.Contains(err.Error(), "empty request body") {
+			err = errYAMLNonTable // validate catches YAML syntax errors too
+		}
+		writeJSON(w, http.StatusBadRequest, errorMsg(err.Error()))
+		return
+	}
+	conf, ok := v.(table)
+	if !ok {
+		if isYAML {
+			writeJSON(w, http.StatusBadRequest, errorMsg(errYAMLNonTable.Error()))
+			return
+		}
+		conf = table{}
+	}
+	var errs []any
+	for _, k := range e.sections() {
+		vk := k + "_conf_version"
+		if raw, present := conf[vk]; present && raw != false {
+			if _, isNum := raw.(float64); !isNum {
+				errs = append(errs, table{"resource_type": k, "error": fmt.Sprintf("%s must be a number, got %s", vk, luaType(raw))})
+			}
+		}
+		if conf[k] == (luaNull{}) {
+			if e.minor < 17 {
+				writeHTML(w, http.StatusInternalServerError, nginx500)
+				return
+			}
+			errs = append(errs, table{"error": fmt.Sprintf("bad argument #1 to 'ipairs' (table expected, got userdata) in %s", k)})
+			continue
+		}
+		seen := map[string]bool{}
+		for i, raw := range itemsOf(conf, k) {
+			item, _ := raw.(table)
+			entry := table{"resource_type": k, "index": float64(i)}
+			if e.minor >= 17 {
+				entry["resource_id"] = ""
+				if item != nil {
+					if id, field, ok := identifier(k, item); ok {
+						_ = id
+						entry["resource_id"] = displayID(item, field)
+					}
+				}
+			}
+			if cerr := checkItem(k, raw); cerr != nil {
+				entry["error"] = e.prefixed(k, i, cerr)
+				errs = append(errs, entry)
+				continue
+			}
+			id, field, ok := identifier(k, item)
+			if !ok {
+				continue
+			}
+			if seen[id] {
+				entry["error"] = fmt.Sprintf("found duplicate %s %v in %s", field, displayID(item, field), k)
+				errs = append(errs, entry)
+			}
+			seen[id] = true
+		}
+	}
+	if len(errs) > 0 {
+		writeJSON(w, http.StatusBadRequest, table{"error_msg": "Configuration validation failed", "errors": errs})
+		return
+	}
+	if e.minor >= 17 {
+		writeText(w, http.StatusOK, "{}\n")
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}

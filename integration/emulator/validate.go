@@ -1,0 +1,253 @@
+package emulator
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"strings"
+)
+
+// The checkers below are a small, honest subset of APISIX's Admin-API checkers: enough
+// to produce each message family of the spec's §4 (schema type errors, unknown plugins,
+// unknown properties, chash keys, secret and credential ids, duplicates), not a copy of
+// every JSON schema.
+
+// checkError is one checker failure; schema marks messages APISIX 3.13 prints without
+// the "invalid configuration: " prefix.
+type checkError struct {
+	msg    string
+	schema bool
+}
+
+func schemaErr(format string, args ...any) *checkError {
+	return &checkError{msg: "invalid configuration: " + fmt.Sprintf(format, args...), schema: true}
+}
+
+var knownPlugins = setOf(
+	"api-breaker", "authz-keycloak", "basic-auth", "batch-requests", "body-transformer",
+	"cors", "csrf", "datadog", "echo", "error-log-logger", "ext-plugin-post-req",
+	"ext-plugin-pre-req", "fault-injection", "file-logger", "forward-auth", "grpc-transcode",
+	"grpc-web", "gzip", "hmac-auth", "http-logger", "ip-restriction", "jwt-auth",
+	"kafka-logger", "key-auth", "ldap-auth", "limit-conn", "limit-count", "limit-req",
+	"loki-logger", "mocking", "node-status", "opa", "openid-connect", "opentelemetry",
+	"prometheus", "proxy-cache", "proxy-control", "proxy-mirror", "proxy-rewrite",
+	"real-ip", "redirect", "referer-restriction", "request-id", "request-validation",
+	"response-rewrite", "rocketmq-logger", "server-info", "serverless-post-function",
+	"serverless-pre-function", "skywalking", "skywalking-logger", "sls-logger",
+	"splunk-hec-logging", "syslog", "tcp-logger", "traffic-split", "ua-restriction",
+	"udp-logger", "uri-blocker", "wolf-rbac", "workflow", "zipkin", "ai-proxy",
+	"ai-prompt-template", "consumer-restriction", "multi-auth", "attach-consumer-label",
+)
+
+var (
+	hashKeyPattern    = `^((uri|server_name|server_addr|request_uri|remote_port|remote_addr|query_string|host|hostname|mqtt_client_id)|arg_[0-9a-zA-z_-]+)$`
+	hashKeyRe         = regexp.MustCompile(hashKeyPattern)
+	credentialIDRe    = regexp.MustCompile(`^[a-zA-Z0-9-_]+/credentials/[a-zA-Z0-9-_.]+$`)
+	usernameRe        = regexp.MustCompile(`^[a-zA-Z0-9_\-]+$`)
+	upstreamTypes     = setOf("roundrobin", "chash", "ewma", "least_conn")
+	upstreamKnownKeys = setOf("id", "name", "desc", "labels", "type", "nodes", "scheme", "retries",
+		"retry_timeout", "timeout", "hash_on", "key", "pass_host", "upstream_host", "checks",
+		"keepalive_pool", "tls", "discovery_type", "service_name", "discovery_args",
+		"create_time", "update_time", "modifiedIndex")
+)
+
+func setOf(names ...string) map[string]bool {
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	return m
+}
+
+func luaType(v any) string {
+	switch v.(type) {
+	case float64:
+		return "number"
+	case string:
+		return "string"
+	case bool:
+		return "boolean"
+	case luaNull:
+		return "userdata"
+	}
+	return "table"
+}
+
+// jsonSchemaType names a value the way APISIX's jsonschema messages do.
+func jsonSchemaType(v any) string {
+	switch v.(type) {
+	case float64:
+		return "number"
+	case string:
+		return "string"
+	case bool:
+		return "boolean"
+	case luaNull:
+		return "null"
+	case []any:
+		return "array"
+	}
+	return "object"
+}
+
+func checkPlugins(item table) *checkError {
+	raw, ok := item["plugins"]
+	if !ok {
+		return nil
+	}
+	plugins, ok := raw.(table)
+	if !ok {
+		return schemaErr(`property "plugins" validation failed: wrong type: expected object, got %s`, jsonSchemaType(raw))
+	}
+	for _, name := range sortedKeys(plugins) {
+		if !knownPlugins[name] {
+			return &checkError{msg: fmt.Sprintf("unknown plugin [%s]", name)}
+		}
+	}
+	return nil
+}
+
+func checkModifiedIndex(item table) *checkError {
+	if mi, ok := item["modifiedIndex"]; ok {
+		if f, isNum := mi.(float64); !isNum || f != math.Trunc(f) {
+			return schemaErr(`property "modifiedIndex" validation failed: wrong type: expected integer, got %s`, jsonSchemaType(mi))
+		}
+	}
+	return nil
+}
+
+func checkUpstream(up table) *checkError {
+	for _, k := range sortedKeys(up) {
+		if !upstreamKnownKeys[k] {
+			return schemaErr("additional properties forbidden, found %s", k)
+		}
+	}
+	if t, ok := up["type"]; ok {
+		s, isStr := t.(string)
+		if !isStr || !upstreamTypes[s] {
+			return schemaErr(`property "type" validation failed: matches none of the enum values`)
+		}
+		if s == "chash" && (up["hash_on"] == nil || up["hash_on"] == "vars") {
+			key, hasKey := up["key"].(string)
+			if !hasKey {
+				return &checkError{msg: "missing key"}
+			}
+			if !hashKeyRe.MatchString(key) {
+				return schemaErr("failed to match pattern %q with %q", hashKeyPattern, key)
+			}
+		}
+	}
+	return nil
+}
+
+// checkItem runs the Admin-API checker of section key on one item.
+func checkItem(key string, v any) *checkError {
+	item, ok := v.(table)
+	if !ok {
+		return schemaErr("wrong type: expected object, got %s", jsonSchemaType(v))
+	}
+	if key != "plugin_metadata" && key != "secrets" && key != "plugins" {
+		if err := checkModifiedIndex(item); err != nil {
+			return err
+		}
+	}
+	switch key {
+	case "plugins":
+		return nil // no checker
+	case "routes":
+		if uri, ok := item["uri"]; ok {
+			if _, isStr := uri.(string); !isStr {
+				return schemaErr(`property "uri" validation failed: wrong type: expected string, got %s`, jsonSchemaType(uri))
+			}
+		}
+		if uris, ok := item["uris"]; ok {
+			if _, isArr := uris.([]any); !isArr {
+				return schemaErr(`property "uris" validation failed: wrong type: expected array, got %s`, jsonSchemaType(uris))
+			}
+		}
+		if up, ok := item["upstream"].(table); ok {
+			if err := checkUpstream(up); err != nil {
+				return err
+			}
+		}
+		return checkPlugins(item)
+	case "services", "plugin_configs", "consumer_groups", "global_rules", "stream_routes":
+		if up, ok := item["upstream"].(table); ok {
+			if err := checkUpstream(up); err != nil {
+				return err
+			}
+		}
+		return checkPlugins(item)
+	case "upstreams":
+		return checkUpstream(item)
+	case "consumers":
+		if id, ok := item["id"].(string); ok && strings.Contains(id, "/credentials/") {
+			if !credentialIDRe.MatchString(id) || len(id) < 15 || len(id) > 128 {
+				return schemaErr(`property "id" validation failed: failed to match pattern "^[a-zA-Z0-9-_]+/credentials/[a-zA-Z0-9-_.]+$" with %q`, id)
+			}
+			return checkPlugins(item)
+		}
+		if u, ok := item["username"]; ok {
+			s, isStr := u.(string)
+			if !isStr || !usernameRe.MatchString(s) {
+				return &checkError{msg: "wrong username"}
+			}
+		}
+		return checkPlugins(item)
+	case "secrets":
+		id, _ := item["id"].(string)
+		if !strings.Contains(id, "/") {
+			return &checkError{msg: fmt.Sprintf("invalid secret id: %s", id)}
+		}
+	case "plugin_metadata":
+		id, ok := item["id"].(string)
+		if !ok || id == "" {
+			return &checkError{msg: "missing plugin name"}
+		}
+		if !knownPlugins[id] {
+			return &checkError{msg: "invalid plugin name"}
+		}
+	case "ssls":
+		if _, ok := item["cert"]; !ok {
+			if _, ok := item["certs"]; !ok {
+				return schemaErr(`value should match only one of the schemas`)
+			}
+		}
+	}
+	return nil
+}
+
+// identifier is the item's duplicate-check key; Lua compares by value, so the type is
+// part of it ("1" and 1 differ).
+func identifier(key string, item table) (id string, field string, ok bool) {
+	if v, has := item["id"]; has {
+		if key == "consumers" {
+			field = "credential id"
+		} else {
+			field = "id"
+		}
+		return fmt.Sprintf("%T:%v", v, v), field, true
+	}
+	if key == "consumers" {
+		if v, has := item["username"]; has {
+			return fmt.Sprintf("%T:%v", v, v), "username", true
+		}
+	}
+	return "", "", false
+}
+
+func displayID(item table, field string) any {
+	if field == "username" {
+		return item["username"]
+	}
+	return item["id"]
+}
+
+func sortedKeys(m table) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sortStrings(keys)
+	return keys
+}
