@@ -1,0 +1,73 @@
+package rewrite
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/valyala/fastjson"
+)
+
+// KnownSections is APISIX's resource key set (apisix/constants.lua). Sections are also
+// discovered from any <name>_conf_version key, so a future section needs no code change.
+var KnownSections = []string{
+	"routes", "services", "upstreams", "consumers", "consumer_groups", "ssls",
+	"global_rules", "plugin_configs", "plugin_metadata", "protos", "secrets",
+	"stream_routes", "plugins",
+}
+
+// DefaultPreserve is the contract's default for --preserve: sections owned by
+// out-of-band writers, which ADC never models.
+var DefaultPreserve = []string{"plugins", "protos", "plugin_configs", "consumer_groups", "secrets"}
+
+const versionSuffix = "_conf_version"
+
+// maxVersion keeps versions exact in APISIX's doubles.
+const maxVersion = 1 << 53
+
+// State is what the data plane holds: each section's version and, when known, its items.
+type State struct {
+	// Versions holds every <section>_conf_version the data plane reported.
+	Versions map[string]float64
+	// Items holds each section's raw JSON items as the data plane returned them.
+	// It is only meaningful when ItemsKnown; a state derived from confshim's own write
+	// knows versions only.
+	Items      map[string][]byte
+	ItemsKnown bool
+}
+
+// ParseState reads the body of GET /apisix/admin/configs. The returned state keeps
+// sub-slices of body.
+func ParseState(body []byte) (*State, error) {
+	if err := fastjson.ValidateBytes(body); err != nil {
+		return nil, fmt.Errorf("data plane state is not valid JSON")
+	}
+	obj, err := scanObject(body, make([]member, 0, 32))
+	if err != nil {
+		return nil, fmt.Errorf("data plane state: %w", err)
+	}
+	st := &State{Versions: map[string]float64{}, Items: map[string][]byte{}, ItemsKnown: true}
+	for _, m := range obj.members {
+		name := m.keyName()
+		value := body[m.valueStart:m.valueEnd]
+		if section, ok := strings.CutSuffix(name, versionSuffix); ok && section != "" {
+			v, err := strconv.ParseFloat(string(value), 64)
+			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+				return nil, fmt.Errorf("data plane state: %s is not a number", name)
+			}
+			st.Versions[section] = v
+			continue
+		}
+		st.Items[name] = value
+	}
+	return st, nil
+}
+
+// Version returns the data plane's version of section (0 when absent, as in APISIX).
+func (s *State) Version(section string) float64 {
+	if s == nil {
+		return 0
+	}
+	return s.Versions[section]
+}
