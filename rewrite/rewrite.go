@@ -15,8 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-
-	"github.com/valyala/fastjson"
 )
 
 // Action is the word reported for a changed section (X-Confshim-Actions, metrics).
@@ -97,6 +95,9 @@ type Input struct {
 	HasDigest bool
 	State     *State
 	Record    *Record
+	// Buf, if it has the capacity, holds the rewritten body: callers pool it so that a
+	// sync of tens of megabytes does not allocate its copy each time.
+	Buf []byte
 }
 
 // Result is the decision for one body.
@@ -169,16 +170,13 @@ func (r *Result) AppliedState() *State {
 // Rewrite decides on in.Body. Errors: ErrNotObject (refuse), *SkipError (forward
 // untouched), ErrStateIncomplete (read the full state and call again).
 func (rw *Rewriter) Rewrite(in Input) (*Result, error) {
-	if err := fastjson.ValidateBytes(in.Body); err != nil {
-		return nil, &SkipError{Reason: "the body is not valid JSON"}
-	}
 	var buf [48]member
 	obj, err := scanObject(in.Body, buf[:0])
 	switch {
 	case errors.Is(err, errNotObject):
 		return nil, ErrNotObject
 	case err != nil:
-		return nil, &SkipError{Reason: "the body cannot be scanned: " + err.Error()}
+		return nil, &SkipError{Reason: "the body is not valid JSON: " + err.Error()}
 	}
 	if err := obj.checkDuplicates(); err != nil {
 		return nil, &SkipError{Reason: err.Error()}
@@ -201,7 +199,7 @@ func (rw *Rewriter) Rewrite(in Input) (*Result, error) {
 		return res, nil
 	}
 	res.Changed = true
-	res.Body = e.apply(in.Body, &obj)
+	res.Body = e.apply(in.Buf[:0], in.Body, &obj)
 	res.Digest = in.Digest
 	if in.HasDigest {
 		res.Digest = in.Digest + "+confshim:" + decisionsHash(res.Changes)
@@ -306,11 +304,8 @@ func (rw *Rewriter) unchanged(section string, items []byte, sum uint64, vS float
 	if in.State == nil || !in.State.ItemsKnown {
 		return false, ErrStateIncomplete
 	}
-	same, err := sameItems(items, in.State.Items[section])
-	if err != nil {
-		return false, nil // cannot tell: treat as changed, which never drops a change
-	}
-	return same, nil
+	h := semHasher{seed: rw.seed}
+	return h.sectionFingerprint(items) == h.sectionFingerprint(in.State.Items[section]), nil
 }
 
 // requestVersion reads a *_conf_version value: false counts as absent (as in APISIX),
@@ -384,8 +379,10 @@ func (e *edits) setVersion(obj *object, vi int, section string, v float64) error
 
 // apply builds the output: the input with only the edited bytes changed. A dropped
 // member takes the separator before it along (or after it, when it is first).
-func (e *edits) apply(body []byte, obj *object) []byte {
-	out := make([]byte, 0, len(body)+64*len(e.inserts))
+func (e *edits) apply(out, body []byte, obj *object) []byte {
+	if need := len(body) + 64*len(e.inserts); cap(out) < need {
+		out = make([]byte, 0, need)
+	}
 	if len(obj.members) == 0 {
 		out = append(out, body[:obj.close]...)
 	} else {

@@ -2,11 +2,17 @@ package rewrite
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 
 	"github.com/valyala/fastjson"
 )
+
+// The scanner validates a whole body as JSON (RFC 8259, as strict as
+// fastjson.ValidateBytes) and, in the same pass, records where each top-level member
+// of an object starts and ends. One pass over the bytes is the floor for a proxy that
+// must look at the body; nothing below the top level is ever parsed into values.
 
 // member is one top-level "key": value pair of the body, as byte offsets.
 type member struct {
@@ -17,64 +23,187 @@ type member struct {
 }
 
 // object is the top level of a JSON object body: its members and the offset of the
-// closing brace. Values are never parsed here: they are skipped as bytes.
+// closing brace.
 type object struct {
 	members []member
 	close   int
 }
 
-var errNotObject = errors.New("body is JSON but not an object")
+// maxDepth bounds nesting as lua-cjson does (it refuses 1001 levels); it also keeps a
+// hostile body from costing more than a small stack.
+const maxDepth = 1000
 
-// scanObject finds the top-level members of body, which must already be valid JSON.
-// It does not validate nested values; it only needs to skip them correctly.
+var (
+	errNotObject = errors.New("body is JSON but not an object")
+	errTooDeep   = errors.New("nesting deeper than 1000 levels")
+)
+
+type syntaxError struct {
+	offset int
+	what   string
+}
+
+func (e *syntaxError) Error() string {
+	return fmt.Sprintf("invalid JSON at offset %d: %s", e.offset, e.what)
+}
+
+// scanObject validates body and returns its top-level members. A valid body that is not
+// an object returns errNotObject; the error never quotes the body.
 func scanObject(body []byte, members []member) (object, error) {
-	i := skipWS(body, 0)
-	if i >= len(body) {
-		return object{}, errors.New("empty body")
+	s := scanner{b: body, obj: object{members: members[:0]}}
+	if err := s.run(); err != nil {
+		return object{}, err
 	}
-	if body[i] != '{' {
+	if !s.isObject {
 		return object{}, errNotObject
 	}
-	obj := object{members: members[:0]}
-	i = skipWS(body, i+1)
-	if i < len(body) && body[i] == '}' {
-		obj.close = i
-		return obj, nil
+	return s.obj, nil
+}
+
+type scanner struct {
+	b        []byte
+	stack    []byte // open containers: '{' or '['
+	isObject bool
+	obj      object
+	cur      member // the top-level member being read
+}
+
+func (s *scanner) fail(i int, what string) error { return &syntaxError{offset: i, what: what} }
+
+func (s *scanner) run() error {
+	var stackBuf [64]byte
+	s.stack = stackBuf[:0]
+	b := s.b
+	i := skipWS(b, 0)
+	if i >= len(b) {
+		return s.fail(i, "empty body")
 	}
+	s.isObject = b[i] == '{'
 	for {
-		if i >= len(body) || body[i] != '"' {
-			return object{}, fmt.Errorf("expected a key at offset %d", i)
+		// A value starts at i.
+		if i >= len(b) {
+			return s.fail(i, "missing value")
 		}
-		keyEnd, err := skipString(body, i+1)
-		if err != nil {
-			return object{}, err
-		}
-		m := member{key: body[i+1 : keyEnd-1], start: i}
-		i = skipWS(body, keyEnd)
-		if i >= len(body) || body[i] != ':' {
-			return object{}, fmt.Errorf("expected ':' at offset %d", i)
-		}
-		i = skipWS(body, i+1)
-		m.valueStart = i
-		if i, err = skipValue(body, i); err != nil {
-			return object{}, err
-		}
-		m.valueEnd = i
-		obj.members = append(obj.members, m)
-		i = skipWS(body, i)
-		if i >= len(body) {
-			return object{}, errors.New("unterminated object")
-		}
-		switch body[i] {
-		case ',':
-			i = skipWS(body, i+1)
-		case '}':
-			obj.close = i
-			return obj, nil
+		switch c := b[i]; {
+		case c == '{' || c == '[':
+			if len(s.stack) >= maxDepth {
+				return errTooDeep
+			}
+			s.stack = append(s.stack, c)
+			i = skipWS(b, i+1)
+			if i < len(b) && (b[i] == '}' && c == '{' || b[i] == ']' && c == '[') {
+				s.stack = s.stack[:len(s.stack)-1]
+				if len(s.stack) == 0 && s.isObject {
+					s.obj.close = i
+				}
+				i++
+				break
+			}
+			if c == '{' {
+				var err error
+				if i, err = s.key(i); err != nil {
+					return err
+				}
+			}
+			continue
+		case c == '"':
+			end, err := scanString(b, i+1)
+			if err != nil {
+				return err
+			}
+			i = end
+		case c == 't':
+			if !bytes.HasPrefix(b[i:], []byte("true")) {
+				return s.fail(i, "unexpected value")
+			}
+			i += 4
+		case c == 'f':
+			if !bytes.HasPrefix(b[i:], []byte("false")) {
+				return s.fail(i, "unexpected value")
+			}
+			i += 5
+		case c == 'n':
+			if !bytes.HasPrefix(b[i:], []byte("null")) {
+				return s.fail(i, "unexpected value")
+			}
+			i += 4
 		default:
-			return object{}, fmt.Errorf("expected ',' or '}' at offset %d", i)
+			end, err := scanNumber(b, i)
+			if err != nil {
+				return err
+			}
+			i = end
+		}
+		// A value ended at i: close containers and find the next value.
+		for {
+			if len(s.stack) == 1 && s.isObject {
+				s.cur.valueEnd = i
+				s.obj.members = append(s.obj.members, s.cur)
+			}
+			i = skipWS(b, i)
+			if len(s.stack) == 0 {
+				if i != len(b) {
+					return s.fail(i, "unexpected data after the value")
+				}
+				return nil
+			}
+			if i >= len(b) {
+				return s.fail(i, "unexpected end")
+			}
+			top := s.stack[len(s.stack)-1]
+			switch {
+			case b[i] == ',':
+				i = skipWS(b, i+1)
+				if top == '{' {
+					var err error
+					if i, err = s.key(i); err != nil {
+						return err
+					}
+				}
+			case b[i] == '}' && top == '{', b[i] == ']' && top == '[':
+				s.stack = s.stack[:len(s.stack)-1]
+				if len(s.stack) == 0 && s.isObject {
+					s.obj.close = i
+				}
+				i++
+				if len(s.stack) == 0 {
+					i = skipWS(b, i)
+					if i != len(b) {
+						return s.fail(i, "unexpected data after the value")
+					}
+					return nil
+				}
+				continue
+			default:
+				return s.fail(i, "expected ',' or the end of a container")
+			}
+			break
 		}
 	}
+}
+
+// key reads `"key" :` at i and returns where the value starts.
+func (s *scanner) key(i int) (int, error) {
+	b := s.b
+	if i >= len(b) || b[i] != '"' {
+		return 0, s.fail(i, "expected an object key")
+	}
+	end, err := scanString(b, i+1)
+	if err != nil {
+		return 0, err
+	}
+	if len(s.stack) == 1 && s.isObject {
+		s.cur = member{key: b[i+1 : end-1], start: i}
+	}
+	i = skipWS(b, end)
+	if i >= len(b) || b[i] != ':' {
+		return 0, s.fail(i, "expected ':'")
+	}
+	i = skipWS(b, i+1)
+	if len(s.stack) == 1 && s.isObject {
+		s.cur.valueStart = i
+	}
+	return i, nil
 }
 
 func skipWS(b []byte, i int) int {
@@ -84,66 +213,98 @@ func skipWS(b []byte, i int) int {
 	return i
 }
 
-// skipString returns the offset just past the closing quote of a string whose
-// content starts at i.
-func skipString(b []byte, i int) (int, error) {
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// special reports whether any of the 8 bytes in x is '"', '\\' or a control character.
+func special(x uint64) bool {
+	q := x ^ (ones * '"')
+	bs := x ^ (ones * '\\')
+	return ((q-ones)&^q|(bs-ones)&^bs|(x-ones*0x20)&^x)&highs != 0
+}
+
+// scanString validates a string whose content starts at i and returns the offset just
+// past its closing quote. Eight bytes at a time while nothing needs a look.
+func scanString(b []byte, i int) (int, error) {
 	for {
-		j := bytes.IndexByte(b[i:], '"')
-		if j < 0 {
-			return 0, errors.New("unterminated string")
+		for i+8 <= len(b) && !special(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8
 		}
-		end := i + j
-		backslashes := 0
-		for k := end - 1; k >= i && b[k] == '\\'; k-- {
-			backslashes++
+		if i >= len(b) {
+			return 0, &syntaxError{offset: i, what: "unterminated string"}
 		}
-		if backslashes%2 == 0 {
-			return end + 1, nil
+		switch c := b[i]; {
+		case c == '"':
+			return i + 1, nil
+		case c == '\\':
+			if i+1 >= len(b) {
+				return 0, &syntaxError{offset: i, what: "unterminated escape"}
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
+					return 0, &syntaxError{offset: i, what: "invalid \\u escape"}
+				}
+				i += 6
+			default:
+				return 0, &syntaxError{offset: i, what: "invalid escape"}
+			}
+		case c < 0x20:
+			return 0, &syntaxError{offset: i, what: "control character in string"}
+		default:
+			i++
 		}
-		i = end + 1
 	}
 }
 
-// skipValue returns the offset just past the value starting at i.
-func skipValue(b []byte, i int) (int, error) {
-	if i >= len(b) {
-		return 0, errors.New("missing value")
+func isHex4(h []byte) bool {
+	for _, c := range h {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
 	}
-	switch b[i] {
-	case '"':
-		return skipString(b, i+1)
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				end, err := skipString(b, i+1)
-				if err != nil {
-					return 0, err
-				}
-				i = end
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1, nil
-				}
-			}
+	return true
+}
+
+// scanNumber validates -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? at i.
+func scanNumber(b []byte, i int) (int, error) {
+	start := i
+	digits := func() int {
+		n := 0
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+			n++
+		}
+		return n
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	first := i
+	n := digits()
+	if n == 0 || (b[first] == '0' && n > 1) {
+		return 0, &syntaxError{offset: start, what: "invalid number"}
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if digits() == 0 {
+			return 0, &syntaxError{offset: start, what: "invalid number"}
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
 			i++
 		}
-		return 0, errors.New("unterminated value")
-	default:
-		start := i
-		for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\n' && b[i] != '\r' && b[i] != '\t' {
-			i++
+		if digits() == 0 {
+			return 0, &syntaxError{offset: start, what: "invalid number"}
 		}
-		if i == start {
-			return 0, fmt.Errorf("missing value at offset %d", start)
-		}
-		return i, nil
 	}
+	return i, nil
 }
 
 // keyName returns the member's key unescaped (the common case needs no copy).

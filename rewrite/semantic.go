@@ -1,0 +1,271 @@
+package rewrite
+
+import (
+	"hash/maphash"
+	"math"
+	"math/bits"
+	"strconv"
+	"unicode/utf8"
+)
+
+// The semantic fingerprint answers "are the client's items the data plane's items?"
+// (contract §5.1) without building a tree: one streaming pass per side, no allocation.
+// Object key order and whitespace do not change it, nor do escapes ("\/" and "/" are
+// the same string) or number spelling (1.0 and 1); an empty array and an empty object
+// are the same (APISIX reads [] back as {}). A section's items are combined in any
+// order when every item has an id or username (items are matched by identity),
+// positionally otherwise. The string hash is seeded per process, so nobody can aim a
+// collision at it; 64 bits make an accidental one negligible.
+
+const (
+	tagEmpty  = 0x6a09e667f3bcc908
+	tagObject = 0xbb67ae8584caa73b
+	tagArray  = 0x3c6ef372fe94f82b
+	tagString = 0xa54ff53a5f1d36f1
+	tagNumber = 0x510e527fade682d1
+	tagTrue   = 0x9b05688c2b3e6c1f
+	tagFalse  = 0x1f83d9abfb41bd6b
+	tagNull   = 0x5be0cd19137e2179
+	tagSet    = 0xcbbb9d5dc1059ed8
+)
+
+// fmix is murmur3's 64-bit finaliser: a bijection with full avalanche.
+func fmix(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
+}
+
+type semHasher struct {
+	seed    maphash.Seed
+	b       []byte
+	i       int
+	scratch []byte
+}
+
+// sectionFingerprint fingerprints a section value (nil: absent, which equals no items).
+func (h *semHasher) sectionFingerprint(b []byte) uint64 {
+	h.b, h.i = b, skipWS(b, 0)
+	if h.i >= len(b) {
+		return tagEmpty
+	}
+	if b[h.i] != '[' {
+		return h.value()
+	}
+	h.i = skipWS(b, h.i+1)
+	if b[h.i] == ']' {
+		return tagEmpty
+	}
+	var set, ordered uint64 = tagSet, tagArray
+	allIdentified := true
+	for n := uint64(1); ; n++ {
+		v, identified := h.item()
+		allIdentified = allIdentified && identified
+		set += fmix(v)
+		ordered = fmix(ordered ^ bits.RotateLeft64(v, int(n%63)) ^ n)
+		h.i = skipWS(b, h.i)
+		if b[h.i] == ']' {
+			break
+		}
+		h.i = skipWS(b, h.i+1) // ','
+	}
+	if allIdentified {
+		return fmix(set)
+	}
+	return ordered
+}
+
+// item fingerprints one item and reports whether it carries an id or username.
+func (h *semHasher) item() (uint64, bool) {
+	if h.b[h.i] != '{' {
+		return h.value(), false
+	}
+	identified := false
+	v := h.object(func(key []byte) {
+		if string(key) == "id" || string(key) == "username" {
+			identified = true
+		}
+	})
+	return v, identified
+}
+
+func (h *semHasher) value() uint64 {
+	b := h.b
+	switch c := b[h.i]; c {
+	case '{':
+		return h.object(nil)
+	case '[':
+		h.i = skipWS(b, h.i+1)
+		if b[h.i] == ']' {
+			h.i++
+			return tagEmpty
+		}
+		acc := uint64(tagArray)
+		for n := uint64(1); ; n++ {
+			acc = fmix(acc ^ bits.RotateLeft64(h.value(), int(n%63)) ^ n)
+			h.i = skipWS(b, h.i)
+			if b[h.i] == ']' {
+				h.i++
+				return acc
+			}
+			h.i = skipWS(b, h.i+1)
+		}
+	case '"':
+		return fmix(h.str() ^ tagString)
+	case 't':
+		h.i += 4
+		return tagTrue
+	case 'f':
+		h.i += 5
+		return tagFalse
+	case 'n':
+		h.i += 4
+		return tagNull
+	default:
+		return h.number()
+	}
+}
+
+// object fingerprints {…} at h.i, order-independently; onKey sees each raw key.
+func (h *semHasher) object(onKey func(key []byte)) uint64 {
+	b := h.b
+	h.i = skipWS(b, h.i+1)
+	if b[h.i] == '}' {
+		h.i++
+		return tagEmpty
+	}
+	sum := uint64(tagObject)
+	for {
+		keyStart := h.i + 1
+		k := h.str()
+		if onKey != nil {
+			onKey(b[keyStart : h.i-1])
+		}
+		h.i = skipWS(b, h.i)
+		h.i = skipWS(b, h.i+1) // ':'
+		v := h.value()
+		sum += fmix(k*0x9e3779b97f4a7c15 ^ bits.RotateLeft64(v, 29))
+		h.i = skipWS(b, h.i)
+		if b[h.i] == '}' {
+			h.i++
+			return fmix(sum)
+		}
+		h.i = skipWS(b, h.i+1)
+	}
+}
+
+// str hashes the unescaped content of the string at h.i and moves past it.
+func (h *semHasher) str() uint64 {
+	b := h.b
+	start := h.i + 1
+	end, _ := scanString(b, start) // validated already
+	h.i = end
+	raw := b[start : end-1]
+	escaped := false
+	for _, c := range raw {
+		if c == '\\' {
+			escaped = true
+			break
+		}
+	}
+	if !escaped {
+		return maphash.Bytes(h.seed, raw)
+	}
+	h.scratch = unescape(h.scratch[:0], raw)
+	return maphash.Bytes(h.seed, h.scratch)
+}
+
+func (h *semHasher) number() uint64 {
+	b := h.b
+	start := h.i
+	end, _ := scanNumber(b, start)
+	h.i = end
+	var f float64
+	if v, ok := smallInt(b[start:end]); ok {
+		f = float64(v)
+	} else {
+		f, _ = strconv.ParseFloat(string(b[start:end]), 64)
+	}
+	if f == 0 {
+		f = 0 // -0 is 0
+	}
+	return fmix(math.Float64bits(f) ^ tagNumber)
+}
+
+// smallInt parses an integer of at most 15 digits without allocating.
+func smallInt(s []byte) (int64, bool) {
+	neg := len(s) > 0 && s[0] == '-'
+	if neg {
+		s = s[1:]
+	}
+	if len(s) == 0 || len(s) > 15 {
+		return 0, false
+	}
+	var v int64
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + int64(c-'0')
+	}
+	if neg {
+		v = -v
+	}
+	return v, true
+}
+
+// unescape decodes a valid JSON string's escapes (surrogate pairs included).
+func unescape(dst, s []byte) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '\\' {
+			dst = append(dst, c)
+			continue
+		}
+		i++
+		switch s[i] {
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			r := hex4(s[i+1 : i+5])
+			i += 4
+			if r >= 0xd800 && r < 0xdc00 && i+6 < len(s) && s[i+1] == '\\' && s[i+2] == 'u' {
+				if lo := hex4(s[i+3 : i+7]); lo >= 0xdc00 && lo < 0xe000 {
+					r = 0x10000 + (r-0xd800)<<10 + (lo - 0xdc00)
+					i += 6
+				}
+			}
+			dst = utf8.AppendRune(dst, r)
+		default: // '"', '\\', '/'
+			dst = append(dst, s[i])
+		}
+	}
+	return dst
+}
+
+func hex4(h []byte) rune {
+	var r rune
+	for _, c := range h {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c-'a') + 10
+		default:
+			r |= rune(c-'A') + 10
+		}
+	}
+	return r
+}
