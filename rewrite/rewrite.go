@@ -207,6 +207,21 @@ func (rw *Rewriter) Rewrite(in Input) (*Result, error) {
 	return res, nil
 }
 
+// Check tells, without any state, whether body can be rewritten at all: nil, or
+// ErrNotObject, or a *SkipError. The proxy asks it for bodies that do not start like
+// an object, to refuse the ones APISIX would read as {}.
+func Check(body []byte) error {
+	var buf [8]member
+	_, err := scanObject(body, buf[:0])
+	switch {
+	case errors.Is(err, errNotObject):
+		return ErrNotObject
+	case err != nil:
+		return &SkipError{Reason: "the body is not valid JSON: " + err.Error()}
+	}
+	return nil
+}
+
 // sections is every section to decide on, sorted: APISIX's known ones, the data
 // plane's, and any <name>_conf_version in the request.
 func (rw *Rewriter) sections(obj *object, st *State) []string {

@@ -1,0 +1,175 @@
+// Command confshim is a reverse proxy in front of APISIX's standalone Admin API that
+// repairs stale *_conf_version values in PUT /apisix/admin/configs. main parses flags,
+// wires the proxy and the metrics listener, and handles signals; nothing else.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+
+	"github.com/confshim/confshim/metrics"
+	"github.com/confshim/confshim/proxy"
+)
+
+// version is stamped at build time: -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, nil)
+	stop()
+	os.Exit(code)
+}
+
+// run is the whole program; ready, when set, learns the bound addresses (tests).
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(proxyAddr, metricsAddr string)) int {
+	opts, err := parseOptions(args, getenv)
+	if errors.Is(err, errVersion) {
+		fmt.Fprintf(stdout, "confshim %s\n", version)
+		return 0
+	}
+	if errors.Is(err, errHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	logger := opts.logger(stderr)
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg, version)
+
+	p, err := proxy.New(proxy.Config{
+		Upstream:                   opts.upstream,
+		Preserve:                   opts.preserve,
+		MaxBodyBytes:               opts.maxBodyBytes,
+		UpstreamTimeout:            opts.upstreamTimeout,
+		AdminKey:                   opts.adminKey,
+		UpstreamCAFile:             opts.upstreamCAFile,
+		UpstreamInsecureSkipVerify: opts.upstreamInsecure,
+		UpstreamClientCertFile:     opts.upstreamClientCert,
+		UpstreamClientKeyFile:      opts.upstreamClientKey,
+		Logger:                     logger,
+		Metrics:                    m,
+	})
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	if opts.upstreamInsecure {
+		logger.Warn().Msg("--upstream-insecure-skip-verify: APISIX's certificate is NOT verified; anyone on the path can read the admin key and the configuration")
+	}
+	var tlsConfig *tls.Config
+	if opts.tlsCertFile != "" {
+		reloader, err := newCertReloader(opts.tlsCertFile, opts.tlsKeyFile, logger)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
+		}
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: reloader.GetCertificate}
+	}
+
+	// Open both listeners first: a bind error fails fast, before anything serves.
+	proxyLn, err := net.Listen("tcp", opts.listen)
+	if err != nil {
+		fmt.Fprintf(stderr, "--listen: %v\n", err)
+		return 1
+	}
+	metricsLn, err := net.Listen("tcp", opts.metricsListen)
+	if err != nil {
+		proxyLn.Close()
+		fmt.Fprintf(stderr, "--metrics-listen: %v\n", err)
+		return 1
+	}
+	if tlsConfig != nil {
+		proxyLn = tls.NewListener(proxyLn, tlsConfig)
+	}
+
+	var shuttingDown atomic.Bool
+	proxySrv := &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       5 * time.Minute, // a 64 MiB body over a slow link
+		WriteTimeout:      4*opts.upstreamTimeout + time.Minute,
+		IdleTimeout:       125 * time.Second, // longer than ADC keeps idle sockets (100–120 s)
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          nil,
+	}
+	metricsSrv := &http.Server{
+		Handler:           internalHandler(reg, p, &shuttingDown),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- proxySrv.Serve(proxyLn) }()
+	go func() { errc <- metricsSrv.Serve(metricsLn) }()
+	logger.Info().Str("listen", proxyLn.Addr().String()).Str("metrics_listen", metricsLn.Addr().String()).
+		Str("upstream", opts.upstream).Strs("preserve", opts.preserve).Str("version", version).Msg("confshim started")
+	if ready != nil {
+		ready(proxyLn.Addr().String(), metricsLn.Addr().String())
+	}
+
+	code := 0
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		logger.Error().Err(err).Msg("listener failed")
+		code = 1
+	}
+	// Drain: /readyz turns 503 at once, the metrics listener stays up meanwhile.
+	shuttingDown.Store(true)
+	logger.Info().Dur("timeout", opts.shutdownTimeout).Msg("shutting down, draining in-flight requests")
+	drainCtx, cancel := context.WithTimeout(context.Background(), opts.shutdownTimeout)
+	defer cancel()
+	if err := proxySrv.Shutdown(drainCtx); err != nil {
+		logger.Warn().Err(err).Msg("drain did not finish in time; closing")
+		proxySrv.Close()
+	}
+	_ = metricsSrv.Shutdown(drainCtx)
+	logger.Info().Msg("stopped")
+	return code
+}
+
+// internalHandler serves /metrics, /healthz and /readyz — never the proxied API.
+func internalHandler(reg *prometheus.Registry, p *proxy.Proxy, shuttingDown *atomic.Bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case shuttingDown.Load():
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+		case !p.Ready(r.Context()):
+			http.Error(w, "data plane unreachable", http.StatusServiceUnavailable)
+		default:
+			_, _ = io.WriteString(w, "ok\n")
+		}
+	})
+	return mux
+}
+
+func (o *options) logger(w io.Writer) zerolog.Logger {
+	out := w
+	if o.logFormat == "console" {
+		out = zerolog.ConsoleWriter{Out: w, TimeFormat: time.RFC3339}
+	}
+	return zerolog.New(out).Level(o.logLevel).With().Timestamp().Logger()
+}

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/confshim/confshim/rewrite"
+)
+
+var (
+	errVersion = errors.New("version requested")
+	errHelp    = errors.New("help requested")
+)
+
+type options struct {
+	listen, upstream, metricsListen string
+	preserve                        []string
+	maxBodyBytes                    int64
+	upstreamTimeout                 time.Duration
+	shutdownTimeout                 time.Duration
+	adminKey                        string
+	logLevel                        zerolog.Level
+	logFormat                       string
+	upstreamCAFile                  string
+	upstreamInsecure                bool
+	upstreamClientCert              string
+	upstreamClientKey               string
+	tlsCertFile, tlsKeyFile         string
+}
+
+// rawFlag keeps the text it was given; values are checked together after parsing so
+// that every bad flag is reported at once.
+type rawFlag struct {
+	value  string
+	isBool bool
+}
+
+func (f *rawFlag) String() string     { return f.value }
+func (f *rawFlag) Set(v string) error { f.value = v; return nil }
+func (f *rawFlag) IsBoolFlag() bool   { return f.isBool }
+
+type flagSpec struct {
+	name, def, usage string
+	isBool           bool
+}
+
+var flagSpecs = []flagSpec{
+	{"listen", ":9280", "address clients (ADC) connect to", false},
+	{"upstream", "http://127.0.0.1:9180", "APISIX Admin API base URL (http or https)", false},
+	{"metrics-listen", ":9281", "address serving /metrics, /healthz and /readyz (never the proxied API)", false},
+	{"preserve", strings.Join(rewrite.DefaultPreserve, ","), "comma-separated sections owned by out-of-band writers; APISIX keeps what it holds for them (empty: none)", false},
+	{"max-body-bytes", "67108864", "largest request body accepted; larger ones get 413", false},
+	{"upstream-timeout", "60s", "timeout of each upstream request (a repaired PUT makes at most four)", false},
+	{"shutdown-timeout", "20s", "how long SIGTERM waits for in-flight requests", false},
+	{"admin-key", "", "key for confshim's own requests (state read, readiness) when the caller sent none; never added to a forwarded request", false},
+	{"log-level", "info", "debug, info, warn or error", false},
+	{"log-format", "json", "json, or console for humans", false},
+	{"upstream-ca-file", "", "PEM CA bundle to verify APISIX's certificate (https upstream)", false},
+	{"upstream-insecure-skip-verify", "false", "do not verify APISIX's certificate (dangerous; logged loudly)", true},
+	{"upstream-client-cert-file", "", "client certificate for APISIX's admin_api_mtls", false},
+	{"upstream-client-key-file", "", "key of --upstream-client-cert-file", false},
+	{"tls-cert-file", "", "serve HTTPS with this certificate (reloaded when the file changes)", false},
+	{"tls-key-file", "", "key of --tls-cert-file", false},
+}
+
+// envName is the environment variable that sets a flag: CONFSHIM_<FLAG>.
+func envName(flagName string) string {
+	return "CONFSHIM_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parseOptions reads flags, then CONFSHIM_* variables for flags not given; every
+// invalid value is reported, one line each, naming the flag.
+func parseOptions(args []string, getenv func(string) string) (*options, error) {
+	fs := flag.NewFlagSet("confshim", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	raw := map[string]*rawFlag{}
+	for _, s := range flagSpecs {
+		f := &rawFlag{value: s.def, isBool: s.isBool}
+		raw[s.name] = f
+		fs.Var(f, s.name, fmt.Sprintf("%s (env %s)", s.usage, envName(s.name)))
+	}
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(nil)
+			fs.PrintDefaults()
+			return nil, errHelp
+		}
+		return nil, err
+	}
+	if *showVersion {
+		return nil, errVersion
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q: confshim takes flags only", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, s := range flagSpecs {
+		if v := getenv(envName(s.name)); !given[s.name] && v != "" {
+			raw[s.name].value = v
+		}
+	}
+
+	o := &options{}
+	var errs []error
+	bad := func(name string, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("--%s: %s", name, fmt.Sprintf(format, a...)))
+	}
+	get := func(name string) string { return raw[name].value }
+	addr := func(name string) string {
+		v := get(name)
+		if _, port, err := net.SplitHostPort(v); err != nil {
+			bad(name, "%q is not a host:port address", v)
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			bad(name, "%q has no valid port", v)
+		}
+		return v
+	}
+	duration := func(name string) time.Duration {
+		d, err := time.ParseDuration(get(name))
+		if err != nil || d <= 0 {
+			bad(name, "%q is not a positive duration such as 60s", get(name))
+		}
+		return d
+	}
+	o.listen = addr("listen")
+	o.metricsListen = addr("metrics-listen")
+	o.upstream = get("upstream")
+	if v := strings.TrimSpace(get("preserve")); v != "" {
+		for _, s := range strings.Split(v, ",") {
+			s = strings.TrimSpace(s)
+			if s == "" || strings.ContainsAny(s, " \"") || strings.HasSuffix(s, "_conf_version") {
+				bad("preserve", "%q is not a section name", s)
+				continue
+			}
+			o.preserve = append(o.preserve, s)
+		}
+	}
+	if n, err := strconv.ParseInt(get("max-body-bytes"), 10, 64); err != nil || n <= 0 {
+		bad("max-body-bytes", "%q is not a positive number of bytes", get("max-body-bytes"))
+	} else {
+		o.maxBodyBytes = n
+	}
+	o.upstreamTimeout = duration("upstream-timeout")
+	o.shutdownTimeout = duration("shutdown-timeout")
+	o.adminKey = get("admin-key")
+	if lvl, err := zerolog.ParseLevel(get("log-level")); err != nil || get("log-level") == "" {
+		bad("log-level", "%q is not one of debug, info, warn, error", get("log-level"))
+	} else {
+		o.logLevel = lvl
+	}
+	switch o.logFormat = get("log-format"); o.logFormat {
+	case "json", "console":
+	default:
+		bad("log-format", "%q is not json or console", o.logFormat)
+	}
+	o.upstreamCAFile = get("upstream-ca-file")
+	if b, err := strconv.ParseBool(get("upstream-insecure-skip-verify")); err != nil {
+		bad("upstream-insecure-skip-verify", "%q is not a boolean", get("upstream-insecure-skip-verify"))
+	} else {
+		o.upstreamInsecure = b
+	}
+	o.upstreamClientCert, o.upstreamClientKey = get("upstream-client-cert-file"), get("upstream-client-key-file")
+	o.tlsCertFile, o.tlsKeyFile = get("tls-cert-file"), get("tls-key-file")
+	if (o.tlsCertFile == "") != (o.tlsKeyFile == "") {
+		bad("tls-cert-file", "--tls-cert-file and --tls-key-file go together")
+	}
+	if (o.upstreamClientCert == "") != (o.upstreamClientKey == "") {
+		bad("upstream-client-cert-file", "--upstream-client-cert-file and --upstream-client-key-file go together")
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return o, nil
+}

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"crypto/tls"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// certReloader serves the listener's certificate and reloads it when either file
+// changes, as cert-manager rotates mounted secrets. A broken rotation keeps the old pair.
+type certReloader struct {
+	certFile, keyFile string
+	log               zerolog.Logger
+
+	mu      sync.Mutex
+	cert    *tls.Certificate
+	modTime time.Time
+	checked time.Time
+}
+
+func newCertReloader(certFile, keyFile string, log zerolog.Logger) (*certReloader, error) {
+	r := &certReloader{certFile: certFile, keyFile: keyFile, log: log}
+	if err := r.load(); err != nil {
+		return nil, fmt.Errorf("--tls-cert-file/--tls-key-file: %v", err)
+	}
+	return r, nil
+}
+
+func (r *certReloader) latestModTime() (time.Time, error) {
+	var latest time.Time
+	for _, f := range []string{r.certFile, r.keyFile} {
+		st, err := os.Stat(f)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if st.ModTime().After(latest) {
+			latest = st.ModTime()
+		}
+	}
+	return latest, nil
+}
+
+func (r *certReloader) load() error {
+	mod, err := r.latestModTime()
+	if err != nil {
+		return err
+	}
+	cert, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
+	if err != nil {
+		return err
+	}
+	r.cert, r.modTime = &cert, mod
+	return nil
+}
+
+// GetCertificate checks the files at most once a second.
+func (r *certReloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if time.Since(r.checked) >= time.Second {
+		r.checked = time.Now()
+		if mod, err := r.latestModTime(); err == nil && !mod.Equal(r.modTime) {
+			if err := r.load(); err != nil {
+				r.log.Error().Err(err).Msg("TLS certificate changed but cannot be loaded; keeping the previous one")
+			} else {
+				r.log.Info().Msg("TLS certificate reloaded")
+			}
+		}
+	}
+	return r.cert, nil
+}

@@ -1,0 +1,338 @@
+// Package proxy is confshim's HTTP side: it forwards every Admin API request to APISIX
+// unchanged, except PUT /apisix/admin/configs, which it reads, repairs with the rewrite
+// package and forwards as one complete request (contract §4–§6).
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/rs/zerolog"
+
+	"github.com/confshim/confshim/metrics"
+	"github.com/confshim/confshim/rewrite"
+)
+
+// ConfigsPath is the one path APISIX routes the standalone configuration on.
+const ConfigsPath = "/apisix/admin/configs"
+
+// Config is everything the proxy needs; main fills it from flags.
+type Config struct {
+	Upstream        string        // APISIX Admin API base URL, http or https
+	Preserve        []string      // sections owned by out-of-band writers
+	MaxBodyBytes    int64         // larger request bodies get 413
+	UpstreamTimeout time.Duration // per upstream request
+	AdminKey        string        // for confshim's own requests when the caller sent no key
+
+	UpstreamCAFile             string
+	UpstreamInsecureSkipVerify bool
+	UpstreamClientCertFile     string // optional, for APISIX's admin_api_mtls
+	UpstreamClientKeyFile      string
+
+	Logger  zerolog.Logger
+	Metrics *metrics.Metrics
+	// Transport overrides the transport built from the TLS settings (tests).
+	Transport http.RoundTripper
+}
+
+// Proxy is the confshim reverse proxy.
+type Proxy struct {
+	cfg       Config
+	upstream  *url.URL
+	transport http.RoundTripper
+	rp        *httputil.ReverseProxy
+	rw        *rewrite.Rewriter
+	log       zerolog.Logger
+	m         *metrics.Metrics
+	handler   http.Handler
+
+	// putLock serialises configs PUTs (a channel, so a waiting client that goes away
+	// stops waiting); it guards dp.
+	putLock chan struct{}
+	dp      dataPlane
+
+	lastAnswer atomic.Int64 // unix nanos of the upstream's last HTTP answer
+	bufs       sync.Pool    // *[]byte request and rewrite buffers
+}
+
+// New validates cfg and returns the proxy; every error names the setting at fault.
+func New(cfg Config) (*Proxy, error) {
+	var errs []error
+	u, err := url.Parse(cfg.Upstream)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("--upstream: %v", err))
+	case u.Scheme != "http" && u.Scheme != "https":
+		errs = append(errs, fmt.Errorf("--upstream: scheme must be http or https, got %q", u.Scheme))
+	case u.Host == "":
+		errs = append(errs, errors.New("--upstream: missing host"))
+	case u.RawQuery != "" || u.Fragment != "":
+		errs = append(errs, errors.New("--upstream: must not have a query or fragment"))
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		errs = append(errs, errors.New("--max-body-bytes: must be positive"))
+	}
+	if cfg.UpstreamTimeout <= 0 {
+		errs = append(errs, errors.New("--upstream-timeout: must be positive"))
+	}
+	if cfg.Metrics == nil {
+		errs = append(errs, errors.New("proxy: Metrics is required"))
+	}
+	transport := cfg.Transport
+	if transport == nil {
+		t, terr := newTransport(cfg)
+		if terr != nil {
+			errs = append(errs, terr)
+		}
+		transport = t
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	p := &Proxy{
+		cfg:       cfg,
+		upstream:  u,
+		transport: transport,
+		rw:        rewrite.New(cfg.Preserve),
+		log:       cfg.Logger,
+		m:         cfg.Metrics,
+		putLock:   make(chan struct{}, 1),
+	}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:        func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
+		Transport:      transport,
+		FlushInterval:  -1,
+		ErrorHandler:   p.passthroughError,
+		ModifyResponse: func(*http.Response) error { p.sawUpstream(); return nil },
+		ErrorLog:       nil,
+	}
+	p.handler = p.routes()
+	return p, nil
+}
+
+// newTransport clones http.DefaultTransport with the upstream TLS settings.
+func newTransport(cfg Config) (*http.Transport, error) {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 32
+	t.ResponseHeaderTimeout = cfg.UpstreamTimeout
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.UpstreamInsecureSkipVerify} //nolint:gosec // an explicit, loudly logged operator choice
+	if cfg.UpstreamCAFile != "" {
+		pem, err := os.ReadFile(cfg.UpstreamCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("--upstream-ca-file: %v", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--upstream-ca-file: no PEM certificate in %s", cfg.UpstreamCAFile)
+		}
+		tlsCfg.RootCAs = pool
+	}
+	if cfg.UpstreamClientCertFile != "" || cfg.UpstreamClientKeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.UpstreamClientCertFile, cfg.UpstreamClientKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--upstream-client-cert-file/--upstream-client-key-file: %v", err)
+		}
+		tlsCfg.Certificates = []tls.Certificate{cert}
+	}
+	t.TLSClientConfig = tlsCfg
+	return t, nil
+}
+
+// ServeHTTP makes the proxy an http.Handler.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.handler.ServeHTTP(w, r) }
+
+// routes intercepts exactly the path APISIX routes the configuration PUT on (nginx's
+// $uri: slashes merged, dot segments resolved); chi never answers in APISIX's place.
+func (p *Proxy) routes() http.Handler {
+	r := chi.NewRouter()
+	r.Use(p.observe, routeOnNormalizedPath)
+	r.Put(ConfigsPath, p.putConfigs)
+	r.NotFound(p.passthrough)
+	r.MethodNotAllowed(p.passthrough)
+	return r
+}
+
+// routeOnNormalizedPath makes chi match the path as nginx would see it, so that
+// //apisix/admin/configs cannot slip a stale PUT past the repair.
+func routeOnNormalizedPath(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rctx := chi.RouteContext(r.Context()); rctx != nil {
+			rctx.RoutePath = normalizePath(r.URL.Path)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func normalizePath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	clean := path.Clean("/" + p)
+	if strings.HasSuffix(p, "/") && clean != "/" {
+		clean += "/"
+	}
+	return clean
+}
+
+// passthrough streams any other request to APISIX unchanged.
+func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength > p.cfg.MaxBodyBytes {
+		p.writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body of %d bytes is over --max-body-bytes (%d)", r.ContentLength, p.cfg.MaxBodyBytes))
+		return
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
+	defer cancel()
+	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+func (p *Proxy) passthroughError(w http.ResponseWriter, r *http.Request, err error) {
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		p.writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over --max-body-bytes (%d)", p.cfg.MaxBodyBytes))
+		return
+	}
+	p.upstreamFailed(w, r, err, "forward "+r.Method)
+}
+
+func (p *Proxy) sawUpstream() { p.lastAnswer.Store(time.Now().UnixNano()) }
+
+// Ready reports whether the data plane answered any request within the last 10 s or
+// answers HEAD /apisix/admin now within 2 s (contract §7).
+func (p *Proxy) Ready(ctx context.Context) bool {
+	if time.Since(time.Unix(0, p.lastAnswer.Load())) < 10*time.Second {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, p.upstreamURL("/apisix/admin", ""), nil)
+	if err != nil {
+		return false
+	}
+	resp, err := p.transport.RoundTrip(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	p.sawUpstream()
+	return true
+}
+
+func (p *Proxy) upstreamURL(reqPath, rawQuery string) string {
+	u := *p.upstream
+	u.Path = p.upstream.Path + reqPath
+	u.RawPath = ""
+	u.RawQuery = rawQuery
+	return u.String()
+}
+
+// upstreamFailed answers a request that got no HTTP answer from APISIX: 504 on a
+// timeout, 502 otherwise; a client that went away gets nothing and is counted apart.
+func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error, what string) {
+	kind, status := classify(r.Context(), err)
+	if kind == "client_gone" {
+		p.m.ClientDisconnects.Inc()
+		p.log.Debug().Str("path", r.URL.Path).Msg("client went away")
+		w.WriteHeader(499) // never reaches the client; keeps the access log honest
+		return
+	}
+	p.m.UpstreamErrors.WithLabelValues(kind).Inc()
+	p.log.Warn().Str("kind", kind).Str("op", what).Str("error", safeError(err)).Msg("upstream request failed")
+	msg := "upstream " + kind + ": " + what
+	if kind == "timeout" {
+		msg = fmt.Sprintf("upstream did not answer within --upstream-timeout (%s): %s", p.cfg.UpstreamTimeout, what)
+	}
+	p.writeError(w, status, msg)
+}
+
+// classify maps a transport error to a metrics kind and a status.
+func classify(ctx context.Context, err error) (string, int) {
+	if ctx.Err() == context.Canceled || errors.Is(err, context.Canceled) {
+		return "client_gone", 0
+	}
+	var netErr net.Error
+	var tlsRecord tls.RecordHeaderError
+	var unknownAuthority x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var verify *tls.CertificateVerificationError
+	var opErr *net.OpError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()):
+		return "timeout", http.StatusGatewayTimeout
+	case errors.As(err, &tlsRecord), errors.As(err, &unknownAuthority), errors.As(err, &hostname),
+		errors.As(err, &invalid), errors.As(err, &verify):
+		return "tls", http.StatusBadGateway
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return "unreachable", http.StatusBadGateway
+	case isReset(err):
+		return "reset", http.StatusBadGateway
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		return "unreachable", http.StatusBadGateway
+	}
+	return "other", http.StatusBadGateway
+}
+
+func isReset(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "connection reset") || strings.Contains(msg, "EOF") || strings.Contains(msg, "broken pipe")
+}
+
+// safeError keeps transport errors out of the log when they could quote a URL with
+// an api_key query argument.
+func safeError(err error) string {
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		return uerr.Op + ": " + uerr.Err.Error()
+	}
+	return err.Error()
+}
+
+// writeError answers like APISIX does, so ADC shows the message: {"error_msg":"confshim: …"}.
+func (p *Proxy) writeError(w http.ResponseWriter, status int, msg string) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Del("Content-Length")
+	w.WriteHeader(status)
+	b := make([]byte, 0, len(msg)+32)
+	b = append(b, `{"error_msg":`...)
+	b = appendJSONString(b, "confshim: "+msg)
+	b = append(b, "}\n"...)
+	_, _ = w.Write(b)
+}
+
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
