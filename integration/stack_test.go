@@ -1,0 +1,213 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
+
+	"github.com/confshim/confshim/integration/adcclient"
+	"github.com/confshim/confshim/integration/emulator"
+	"github.com/confshim/confshim/metrics"
+	"github.com/confshim/confshim/proxy"
+	"github.com/confshim/confshim/rewrite"
+)
+
+const adminKey = "test-admin-key"
+
+// stack is an emulated APISIX with confshim in front of it.
+type stack struct {
+	em       *emulator.Emulator
+	dpURL    string // the bare data plane
+	proxyURL string // confshim
+	metrics  *metrics.Metrics
+	logs     *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type stackOptions struct {
+	fillDefaults bool
+	version      string
+	// wrap lets a test put faults between confshim and the emulator.
+	wrap    func(http.Handler) http.Handler
+	timeout time.Duration
+}
+
+func newStack(t testing.TB, o stackOptions) *stack {
+	t.Helper()
+	em, err := emulator.New(emulator.Options{Version: o.version, AdminKey: adminKey, FillDefaults: o.fillDefaults})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dp http.Handler = em
+	if o.wrap != nil {
+		dp = o.wrap(em)
+	}
+	dpSrv := httptest.NewServer(dp)
+	t.Cleanup(dpSrv.Close)
+	s := &stack{em: em, dpURL: dpSrv.URL, logs: &syncBuffer{}}
+	s.metrics = metrics.New(prometheus.NewRegistry(), "test")
+	timeout := o.timeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	p, err := proxy.New(proxy.Config{
+		Upstream:        dpSrv.URL,
+		Preserve:        rewrite.DefaultPreserve,
+		MaxBodyBytes:    64 << 20,
+		UpstreamTimeout: timeout,
+		Logger:          zerolog.New(s.logs),
+		Metrics:         s.metrics,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pSrv := httptest.NewServer(p)
+	t.Cleanup(pSrv.Close)
+	s.proxyURL = pSrv.URL
+	return s
+}
+
+// via returns a client talking to confshim (through=true) or to the bare data plane.
+func (s *stack) client(through bool) *adcclient.Client {
+	if through {
+		return adcclient.New(s.proxyURL, adminKey)
+	}
+	return adcclient.New(s.dpURL, adminKey)
+}
+
+// doc is the data plane's stored document.
+func (s *stack) doc(t testing.TB) map[string]any {
+	t.Helper()
+	d := s.em.Document()
+	if d == nil {
+		t.Fatal("nothing stored on the data plane")
+	}
+	return d
+}
+
+// items returns a section's stored items as canonical JSON without modifiedIndex.
+func (s *stack) items(t testing.TB, section string) string {
+	t.Helper()
+	raw, _ := json.Marshal(s.doc(t)[section])
+	return canonicalItems(raw)
+}
+
+func canonicalItems(raw []byte) string {
+	var items []map[string]any
+	_ = json.Unmarshal(raw, &items)
+	for _, it := range items {
+		delete(it, "modifiedIndex")
+		for k, v := range fillDefaultKeys {
+			if it[k] == v {
+				delete(it, k)
+			}
+		}
+	}
+	b, _ := json.Marshal(items)
+	return string(b)
+}
+
+// fillDefaultKeys are what --fill-defaults adds: ignored when comparing content.
+var fillDefaultKeys = map[string]any{"pass_host": "pass", "hash_on": "vars", "priority": float64(0)}
+
+func wantItems(cfg adcclient.Config, section string) string {
+	raw, _ := json.Marshal(cfg[section])
+	return canonicalItems(raw)
+}
+
+// oobPut writes straight to the data plane, as an operator or another tool would:
+// it reads the document, applies change, and PUTs it with every other version kept.
+func (s *stack) oobPut(t testing.TB, change func(doc map[string]any)) {
+	t.Helper()
+	doc := s.doc(t)
+	delete(doc, "X-Digest")
+	delete(doc, "X-Last-Modified")
+	change(doc)
+	body, _ := json.Marshal(doc)
+	req, _ := http.NewRequest(http.MethodPut, s.dpURL+"/apisix/admin/configs", bytes.NewReader(body))
+	req.Header.Set("X-API-KEY", adminKey)
+	req.Header.Set("X-Digest", fmt.Sprintf("oob-%d", time.Now().UnixNano()))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("out-of-band PUT: %d %s", resp.StatusCode, b)
+	}
+}
+
+func sync1(t testing.TB, c *adcclient.Client, cfg adcclient.Config) *adcclient.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := c.Sync(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func mustLand(t testing.TB, res *adcclient.Result) {
+	t.Helper()
+	if res.Status/100 != 2 {
+		t.Fatalf("sync did not land: %d %s", res.Status, res.Body)
+	}
+}
+
+func counter(c prometheus.Collector) float64 { return testutil.ToFloat64(c) }
+
+// config is an ingress-controller-like configuration; variant changes the routes.
+func config(variant string) adcclient.Config {
+	labels := map[string]any{"k8s/kind": "HTTPRoute", "k8s/name": "httpbin", "manager-by": "apisix-ingress-controller"}
+	return adcclient.Config{
+		"services": {{"id": "svc1", "name": "default_httpbin", "labels": labels, "hosts": []any{"httpbin.example.com"}, "upstream_id": "svc1"}},
+		"upstreams": {{"id": "svc1", "name": "default_httpbin", "type": "roundrobin", "scheme": "http",
+			"nodes": []any{map[string]any{"host": "10.244.0.11", "port": 80, "weight": 100}}}},
+		"routes": {{"id": "r1", "name": "default_httpbin_0", "labels": labels, "uris": []any{"/" + variant}, "service_id": "svc1",
+			"plugins": map[string]any{"proxy-rewrite": map[string]any{"uri": "/get"}}, "status": 1}},
+		"consumers": {
+			{"username": "default_jack", "labels": labels},
+			{"id": "default_jack/credentials/k1", "name": "key-auth-cred", "plugins": map[string]any{"key-auth": map[string]any{"key": "jack-" + variant}}},
+		},
+		"global_rules": {{"id": "prometheus", "plugins": map[string]any{"prometheus": map[string]any{"prefer_name": true}}}},
+	}
+}
+
+func routesOf(variant string) string { return wantItems(config(variant), "routes") }
+
+func mustContain(t testing.TB, s, sub string) {
+	t.Helper()
+	if !strings.Contains(s, sub) {
+		t.Fatalf("%q does not contain %q", s, sub)
+	}
+}
