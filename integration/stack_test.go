@@ -211,3 +211,10 @@ func mustContain(t testing.TB, s, sub string) {
 		t.Fatalf("%q does not contain %q", s, sub)
 	}
 }
+
+func newServer(t testing.TB, h http.Handler) string {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
