@@ -43,6 +43,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return 0
 	}
 	if errors.Is(err, errHelp) {
+		fmt.Fprint(stdout, usage())
 		return 0
 	}
 	if err != nil {

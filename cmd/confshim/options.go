@@ -90,8 +90,6 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(nil)
-			fs.PrintDefaults()
 			return nil, errHelp
 		}
 		return nil, err
@@ -181,4 +179,19 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 		return nil, errors.Join(errs...)
 	}
 	return o, nil
+}
+
+// usage is the --help text; the README embeds it and a test keeps the two equal.
+func usage() string {
+	var b strings.Builder
+	b.WriteString("Usage: confshim [flags]\n\nEvery flag can also be set with CONFSHIM_<FLAG> (upper case, - as _); the command line wins.\n\n")
+	for _, s := range flagSpecs {
+		def := s.def
+		if def == "" {
+			def = `""`
+		}
+		fmt.Fprintf(&b, "  --%s (default %s)\n        %s\n", s.name, def, s.usage)
+	}
+	b.WriteString("  --version\n        print the version and exit\n")
+	return b.String()
 }

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/confshim/confshim/integration/emulator"
+)
+
+func noEnv(string) string { return "" }
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	if code := run(context.Background(), []string{"--version"}, noEnv, &out, io.Discard, nil); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if !strings.HasPrefix(out.String(), "confshim ") {
+		t.Fatalf("%q", out.String())
+	}
+}
+
+func TestBadFlagsAreAllReportedBeforeListening(t *testing.T) {
+	var stderr bytes.Buffer
+	args := []string{"--listen", "nope", "--max-body-bytes", "-1", "--upstream-timeout", "soon", "--log-level", "loud",
+		"--log-format", "xml", "--upstream", "ftp://x", "--tls-cert-file", "a.pem"}
+	code := run(context.Background(), args, noEnv, io.Discard, &stderr, func(string, string) { t.Fatal("must not listen") })
+	if code == 0 {
+		t.Fatal("want a non-zero exit")
+	}
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	for _, flag := range []string{"--listen", "--max-body-bytes", "--upstream-timeout", "--log-level", "--log-format", "--tls-cert-file"} {
+		found := false
+		for _, l := range lines {
+			found = found || strings.HasPrefix(l, flag+":")
+		}
+		if !found {
+			t.Fatalf("no line names %s:\n%s", flag, stderr.String())
+		}
+	}
+	// --upstream is checked when the proxy is built, still before listening
+	stderr.Reset()
+	code = run(context.Background(), []string{"--upstream", "ftp://x", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, noEnv, io.Discard, &stderr, func(string, string) { t.Fatal("must not listen") })
+	if code == 0 || !strings.HasPrefix(stderr.String(), "--upstream:") {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+}
+
+func TestEnvironmentOverlay(t *testing.T) {
+	env := map[string]string{"CONFSHIM_PRESERVE": "secrets", "CONFSHIM_MAX_BODY_BYTES": "1234", "CONFSHIM_UPSTREAM_TIMEOUT": "3s", "CONFSHIM_UPSTREAM_INSECURE_SKIP_VERIFY": "true"}
+	o, err := parseOptions([]string{"--max-body-bytes", "99"}, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(o.preserve, ",") != "secrets" || o.maxBodyBytes != 99 || o.upstreamTimeout != 3*time.Second || !o.upstreamInsecure {
+		t.Fatalf("flags must win over the environment, the environment over defaults: %+v", o)
+	}
+	o, err = parseOptions([]string{"--preserve", ""}, noEnv)
+	if err != nil || len(o.preserve) != 0 {
+		t.Fatalf("--preserve '' means none: %v %v", o.preserve, err)
+	}
+	if _, err := parseOptions(nil, func(k string) string {
+		if k == "CONFSHIM_LOG_LEVEL" {
+			return "chatty"
+		}
+		return ""
+	}); err == nil || !strings.Contains(err.Error(), "--log-level") {
+		t.Fatalf("a bad environment value names its flag: %v", err)
+	}
+}
+
+type addrs struct {
+	proxy, metrics string
+}
+
+// start runs confshim in front of an emulator and returns its addresses and a stop func.
+func start(t *testing.T, upstream string) (addrs, func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan addrs, 1)
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--upstream", upstream,
+			"--upstream-timeout", "2s", "--shutdown-timeout", "5s"}, noEnv, io.Discard, io.Discard,
+			func(p, m string) { ready <- addrs{p, m} })
+	}()
+	select {
+	case a := <-ready:
+		return a, func() int { cancel(); return <-done }
+	case code := <-done:
+		t.Fatalf("confshim exited with %d", code)
+	case <-time.After(5 * time.Second):
+		t.Fatal("confshim did not start")
+	}
+	return addrs{}, nil
+}
+
+func get(t *testing.T, url string) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func TestHealthAndReadiness(t *testing.T) {
+	em, _ := emulator.New(emulator.Options{})
+	dp := httptest.NewServer(em)
+	a, stop := start(t, dp.URL)
+	if get(t, "http://"+a.metrics+"/healthz") != 200 || get(t, "http://"+a.metrics+"/readyz") != 200 {
+		t.Fatal("healthy and ready with the data plane up")
+	}
+	if get(t, "http://"+a.metrics+"/metrics") != 200 {
+		t.Fatal("/metrics")
+	}
+	if get(t, "http://"+a.metrics+"/apisix/admin/configs") != 404 {
+		t.Fatal("the metrics listener never serves the proxied API")
+	}
+	dp.Close()
+	time.Sleep(10 * time.Millisecond)
+	// the last answer is recent: ready for up to 10 s; then the probe decides
+	if get(t, "http://"+a.metrics+"/healthz") != 200 {
+		t.Fatal("/healthz never depends on the upstream")
+	}
+	if code := stop(); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close()
+	a, stop = start(t, down.URL)
+	defer stop()
+	if get(t, "http://"+a.metrics+"/healthz") != 200 || get(t, "http://"+a.metrics+"/readyz") != 503 {
+		t.Fatal("with the data plane down: /healthz 200, /readyz 503")
+	}
+}
+
+func TestShutdownDrainsInFlightRequests(t *testing.T) {
+	em, _ := emulator.New(emulator.Options{})
+	gate := make(chan struct{})
+	var once sync.Once
+	entered := make(chan struct{})
+	dp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			once.Do(func() { close(entered) })
+			<-gate
+		}
+		em.ServeHTTP(w, r)
+	}))
+	defer dp.Close()
+	a, stop := start(t, dp.URL)
+	status := make(chan int, 1)
+	go func() {
+		resp, err := http.Get("http://" + a.proxy + "/apisix/admin/configs")
+		if err != nil {
+			status <- -1
+			return
+		}
+		resp.Body.Close()
+		status <- resp.StatusCode
+	}()
+	<-entered
+	exited := make(chan int, 1)
+	go func() { exited <- stop() }()
+	time.Sleep(100 * time.Millisecond)
+	if get(t, "http://"+a.metrics+"/readyz") != 503 {
+		t.Fatal("/readyz must be 503 from the moment shutdown starts")
+	}
+	close(gate)
+	if got := <-status; got != 200 {
+		t.Fatalf("the in-flight request was not drained: %d", got)
+	}
+	if code := <-exited; code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
+
+// TestReadmeUsage keeps the README's command-line section equal to --help.
+func TestReadmeUsage(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(readme), "<!-- usage:begin -->\n```\n")
+	block, _, ok2 := strings.Cut(after, "```\n<!-- usage:end -->")
+	if !ok || !ok2 {
+		t.Fatal("README has no usage block")
+	}
+	if block != usage() {
+		t.Fatalf("README's usage block differs from --help; paste this:\n%s", usage())
+	}
+}
