@@ -88,3 +88,20 @@ func BenchmarkValidate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkScan is the validating top-level scanner alone, to compare with Validate.
+func BenchmarkScan(b *testing.B) {
+	for _, size := range fixture.Sizes {
+		p := fixture.Stale(size.Routes)
+		b.Run(size.Name, func(b *testing.B) {
+			b.SetBytes(int64(len(p.Request)))
+			b.ReportAllocs()
+			var buf [48]member
+			for b.Loop() {
+				if _, err := scanObject(p.Request, buf[:0]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

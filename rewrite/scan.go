@@ -218,45 +218,49 @@ const (
 	highs = 0x8080808080808080
 )
 
-// special reports whether any of the 8 bytes in x is '"', '\\' or a control character.
-func special(x uint64) bool {
-	q := x ^ (ones * '"')
+// needsLook reports whether any of the 8 bytes in x is '\\' or a control character.
+func needsLook(x uint64) bool {
 	bs := x ^ (ones * '\\')
-	return ((q-ones)&^q|(bs-ones)&^bs|(x-ones*0x20)&^x)&highs != 0
+	return ((bs-ones)&^bs|(x-ones*0x20)&^x)&highs != 0
 }
 
 // scanString validates a string whose content starts at i and returns the offset just
-// past its closing quote. Eight bytes at a time while nothing needs a look.
+// past its closing quote: the quote is found with IndexByte (vectorised), the span
+// before it is checked eight bytes at a time for escapes and control characters.
 func scanString(b []byte, i int) (int, error) {
 	for {
-		for i+8 <= len(b) && !special(binary.LittleEndian.Uint64(b[i:])) {
-			i += 8
-		}
-		if i >= len(b) {
+		j := bytes.IndexByte(b[i:], '"')
+		if j < 0 {
 			return 0, &syntaxError{offset: i, what: "unterminated string"}
 		}
-		switch c := b[i]; {
-		case c == '"':
-			return i + 1, nil
-		case c == '\\':
-			if i+1 >= len(b) {
-				return 0, &syntaxError{offset: i, what: "unterminated escape"}
+		end := i + j
+		k := i
+		for k+8 <= end && !needsLook(binary.LittleEndian.Uint64(b[k:k+8])) {
+			k += 8
+		}
+		for k < end && b[k] != '\\' && b[k] >= 0x20 {
+			k++
+		}
+		if k == end {
+			return end + 1, nil
+		}
+		if b[k] < 0x20 {
+			return 0, &syntaxError{offset: k, what: "control character in string"}
+		}
+		// an escape at k: check it, then look for the closing quote again after it
+		if k+1 >= len(b) {
+			return 0, &syntaxError{offset: k, what: "unterminated escape"}
+		}
+		switch b[k+1] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			i = k + 2
+		case 'u':
+			if k+6 > len(b) || !isHex4(b[k+2:k+6]) {
+				return 0, &syntaxError{offset: k, what: "invalid \\u escape"}
 			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
-					return 0, &syntaxError{offset: i, what: "invalid \\u escape"}
-				}
-				i += 6
-			default:
-				return 0, &syntaxError{offset: i, what: "invalid escape"}
-			}
-		case c < 0x20:
-			return 0, &syntaxError{offset: i, what: "control character in string"}
+			i = k + 6
 		default:
-			i++
+			return 0, &syntaxError{offset: k, what: "invalid escape"}
 		}
 	}
 }
