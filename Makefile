@@ -18,6 +18,7 @@ build:
 test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	$(GO) test -count=1 -run 'TestMemoryStaysBounded' ./integration/  # memory is only meaningful without -race
 
 # The emulated APISIX data plane on 127.0.0.1:9180 and confshim in front of it on :9280.
 # Ctrl-C stops both.

@@ -232,7 +232,7 @@ func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool) (*r
 	case resp.StatusCode != http.StatusOK:
 		return nil, errStateStatus{http.MethodGet, resp.StatusCode}
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4*p.cfg.MaxBodyBytes+1))
+	body, err := readAllSized(resp, 4*p.cfg.MaxBodyBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -243,6 +243,24 @@ func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool) (*r
 	p.dp.state = st
 	p.dp.digest, p.dp.lastModified = resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified")
 	return st, nil
+}
+
+// readAllSized reads a response body of at most limit bytes, in one allocation when
+// the length is announced (io.ReadAll's doubling would leave twice the state as garbage).
+func readAllSized(resp *http.Response, limit int64) ([]byte, error) {
+	if resp.ContentLength > limit {
+		return nil, fmt.Errorf("data plane state is over %d bytes", limit)
+	}
+	if resp.ContentLength > 0 {
+		body := make([]byte, resp.ContentLength)
+		_, err := io.ReadFull(resp.Body, body)
+		return body, err
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err == nil && int64(len(body)) > limit {
+		return nil, fmt.Errorf("data plane state is over %d bytes", limit)
+	}
+	return body, err
 }
 
 // sideRequest is a request confshim makes itself, with the caller's credentials in the
@@ -394,17 +412,27 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, func()
 	return buf.Bytes(), release, true
 }
 
+// buffers is a small free list of body-sized buffers. sync.Pool empties itself at
+// every GC, which at tens of megabytes per PUT means allocating and zeroing a new
+// buffer each time; this list keeps at most cap(buffers) of them alive.
+type buffers chan *[]byte
+
 func (p *Proxy) getBuf() *[]byte {
-	if b, ok := p.bufs.Get().(*[]byte); ok {
+	select {
+	case b := <-p.bufs:
 		return b
+	default:
+		b := make([]byte, 0, 64<<10)
+		return &b
 	}
-	b := make([]byte, 0, 64<<10)
-	return &b
 }
 
 func (p *Proxy) putBuf(b *[]byte) {
 	*b = (*b)[:0]
-	p.bufs.Put(b)
+	select {
+	case p.bufs <- b:
+	default: // the list is full: let the GC have it
+	}
 }
 
 func startsLikeObject(b []byte) bool {

@@ -16,7 +16,6 @@ import (
 	"os"
 	"path"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,7 +65,7 @@ type Proxy struct {
 	dp      dataPlane
 
 	lastAnswer atomic.Int64 // unix nanos of the upstream's last HTTP answer
-	bufs       sync.Pool    // *[]byte request and rewrite buffers
+	bufs       buffers      // request and rewrite buffers
 }
 
 // New validates cfg and returns the proxy; every error names the setting at fault.
@@ -112,6 +111,7 @@ func New(cfg Config) (*Proxy, error) {
 		log:       cfg.Logger,
 		m:         cfg.Metrics,
 		putLock:   make(chan struct{}, 1),
+		bufs:      make(buffers, 3), // the PUT being read, the one being rewritten, its output
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        func(pr *httputil.ProxyRequest) { pr.SetURL(u) },

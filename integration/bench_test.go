@@ -1,0 +1,162 @@
+package integration
+
+import (
+	"bytes"
+	"crypto/sha1"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/valyala/fastjson"
+
+	"github.com/confshim/confshim/integration/fixture"
+	"github.com/confshim/confshim/metrics"
+	"github.com/confshim/confshim/proxy"
+	"github.com/confshim/confshim/rewrite"
+)
+
+// steadyDataPlane answers like APISIX in the steady state of a sync loop: GET and HEAD
+// give a fixed state, and a PUT is read completely and answered 204 (APISIX's
+// same-digest short-circuit, which every identical sync hits). It keeps APISIX's own
+// cost out of the figures, so that they show what a proxy adds.
+type steadyDataPlane struct {
+	state []byte
+}
+
+func (d *steadyDataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Server", "APISIX/3.17.0")
+	switch {
+	case r.Method == http.MethodPut:
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusNoContent)
+	case r.URL.Path == "/apisix/admin/configs":
+		w.Header().Set("X-Digest", "seed")
+		w.Header().Set("X-Last-Modified", "1795978900")
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodGet {
+			_, _ = w.Write(d.state)
+		}
+	default:
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+type endpoint struct {
+	name string
+	url  string
+}
+
+// endpoints starts the data plane, a plain httputil.ReverseProxy and confshim.
+func endpoints(tb testing.TB, state []byte) (direct, bare, confshim endpoint) {
+	tb.Helper()
+	dp := httptest.NewServer(&steadyDataPlane{state: state})
+	tb.Cleanup(dp.Close)
+	u, _ := url.Parse(dp.URL)
+	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }}
+	bareSrv := httptest.NewServer(rp)
+	tb.Cleanup(bareSrv.Close)
+	p, err := proxy.New(proxy.Config{Upstream: dp.URL, Preserve: rewrite.DefaultPreserve, MaxBodyBytes: 64 << 20,
+		UpstreamTimeout: time.Minute, Logger: zerolog.Nop(), Metrics: metrics.New(prometheus.NewRegistry(), "bench")})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cs := httptest.NewServer(p)
+	tb.Cleanup(cs.Close)
+	return endpoint{"direct", dp.URL}, endpoint{"bareproxy", bareSrv.URL}, endpoint{"confshim", cs.URL}
+}
+
+var benchClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true}}
+
+// putOnce sends one ADC-shaped PUT and checks that it landed.
+func putOnce(tb testing.TB, base string, body []byte, digest string) (http.Header, error) {
+	req, err := http.NewRequest(http.MethodPut, base+"/apisix/admin/configs", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("X-API-KEY", adminKey)
+	req.Header.Set("X-Digest", digest)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := benchClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return nil, fmt.Errorf("PUT: %d", resp.StatusCode)
+	}
+	return resp.Header, nil
+}
+
+func sha1Hex(b []byte) string {
+	s := sha1.Sum(b)
+	return hex.EncodeToString(s[:])
+}
+
+// BenchmarkEndToEnd measures one configs PUT over loopback: straight to the data plane,
+// through a plain reverse proxy (the floor for any proxy), through confshim with three
+// stale sections and a preserved secrets section to repair, and with nothing to repair.
+func BenchmarkEndToEnd(b *testing.B) {
+	for _, size := range fixture.Sizes {
+		runtime.GC() // the previous size's garbage must not be collected on this one's clock
+		stale, clean := fixture.Stale(size.Routes), fixture.Clean(size.Routes)
+		direct, bare, cs := endpoints(b, stale.State)
+		_, _, csClean := endpoints(b, clean.State)
+		cases := []struct {
+			name string
+			ep   endpoint
+			body []byte
+			want string // an X-Confshim-Actions the response must carry
+		}{
+			{"direct", direct, stale.Request, ""},
+			{"bareproxy", bare, stale.Request, ""},
+			{"confshim", cs, stale.Request, "services=raised"},
+			{"confshim-clean", csClean, clean.Request, ""},
+		}
+		for _, tc := range cases {
+			runtime.GC()
+			b.Run(size.Name+"/"+tc.name, func(b *testing.B) {
+				digest := sha1Hex(tc.body)
+				hdr, err := putOnce(b, tc.ep.url, tc.body, digest) // warm: state cached, record kept
+				if err != nil {
+					b.Fatal(err)
+				}
+				if got := hdr.Get("X-Confshim-Actions"); tc.want != "" && !bytes.Contains([]byte(got), []byte(tc.want)) {
+					b.Fatalf("actions %q, want %q", got, tc.want)
+				}
+				b.SetBytes(int64(len(tc.body)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := putOnce(b, tc.ep.url, tc.body, digest); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkValidate is fastjson.ValidateBytes of the same bodies: the floor for any
+// proxy that must look at the body, measured in the same run.
+func BenchmarkValidate(b *testing.B) {
+	for _, size := range fixture.Sizes {
+		body := fixture.Stale(size.Routes).Request
+		b.Run(size.Name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if err := fastjson.ValidateBytes(body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
