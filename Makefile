@@ -6,7 +6,7 @@ ADMIN_KEY ?= confshim-demo-key
 BENCHTIME ?= 1s
 FUZZTIME  ?= 60s
 
-.PHONY: all build test run bench lint fuzz integration docker clean
+.PHONY: all build test run bench load lint fuzz integration docker clean
 
 all: lint test build
 
@@ -31,6 +31,10 @@ run: build
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count 6 ./rewrite/ ./integration/ | tee bench.txt
+
+# 8 ADC-like clients on loopback for LOAD_DURATION (default 30s) per target.
+load:
+	$(GO) test -tags load -count=1 -run TestLoad -v ./integration/ | grep -E '^load|^(ok|FAIL|---)'
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }

@@ -53,16 +53,26 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 
+	// Scan before taking the lock: concurrent clients validate their bodies in parallel.
 	untouched := ""
-	switch {
-	case strings.HasPrefix(r.Header.Get("Content-Type"), "application/yaml"):
+	var prepared *rewrite.Prepared
+	var prepareTime time.Duration
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/yaml") {
 		untouched = "yaml"
-	case !startsLikeObject(body):
-		if err := rewrite.Check(body); errors.Is(err, rewrite.ErrNotObject) {
+	} else {
+		var err error
+		var skip *rewrite.SkipError
+		start := time.Now()
+		prepared, err = p.rw.Prepare(body)
+		prepareTime = time.Since(start)
+		switch {
+		case errors.Is(err, rewrite.ErrNotObject):
 			p.writeError(w, http.StatusBadRequest, "the configuration must be a JSON object: APISIX would read this body as {} and delete every section")
 			return
+		case errors.As(err, &skip):
+			p.log.Info().Str("event", "forward_untouched").Str("reason", skip.Reason).Msg("configs PUT not rewritten; APISIX will judge it")
+			untouched = "invalid"
 		}
-		untouched = "invalid"
 	}
 
 	// Serialise PUTs; the body was read first so a slow client cannot hold the lock.
@@ -83,13 +93,9 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 		var res *rewrite.Result
 		if untouched == "" {
 			var err error
-			res, untouched, err = p.decide(r, creds, in, attempt > 0)
+			res, untouched, err = p.decide(r, creds, prepared, prepareTime, in, attempt > 0)
 			if err != nil {
-				if errors.Is(err, rewrite.ErrNotObject) {
-					p.writeError(w, http.StatusBadRequest, "the configuration must be a JSON object: APISIX would read this body as {} and delete every section")
-				} else {
-					p.stateReadFailed(w, r, err)
-				}
+				p.stateReadFailed(w, r, err)
 				return
 			}
 		}
@@ -122,7 +128,7 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 
 // decide reads the data plane's state and runs the rewrite. It returns the reason to
 // forward untouched instead ("refused", "invalid", "overflow") when there is one.
-func (p *Proxy) decide(r *http.Request, creds credentials, in rewrite.Input, fresh bool) (*rewrite.Result, string, error) {
+func (p *Proxy) decide(r *http.Request, creds credentials, prepared *rewrite.Prepared, prepareTime time.Duration, in rewrite.Input, fresh bool) (*rewrite.Result, string, error) {
 	st, err := p.stateFor(r.Context(), creds, fresh)
 	var refused errRefused
 	if errors.As(err, &refused) {
@@ -135,7 +141,7 @@ func (p *Proxy) decide(r *http.Request, creds credentials, in rewrite.Input, fre
 	buf := p.getBuf()
 	in.Buf = *buf
 	start := time.Now()
-	res, err := p.rw.Rewrite(in)
+	res, err := p.rw.Decide(prepared, in)
 	if errors.Is(err, rewrite.ErrStateIncomplete) {
 		if st, err = p.stateFor(r.Context(), creds, true); err != nil {
 			p.putBuf(buf)
@@ -146,9 +152,9 @@ func (p *Proxy) decide(r *http.Request, creds credentials, in rewrite.Input, fre
 		}
 		in.State = st
 		start = time.Now()
-		res, err = p.rw.Rewrite(in)
+		res, err = p.rw.Decide(prepared, in)
 	}
-	p.m.RewriteDuration.Observe(time.Since(start).Seconds())
+	p.m.RewriteDuration.Observe((prepareTime + time.Since(start)).Seconds())
 	if res == nil || !res.Changed {
 		p.putBuf(buf)
 	}
@@ -433,17 +439,6 @@ func (p *Proxy) putBuf(b *[]byte) {
 	case p.bufs <- b:
 	default: // the list is full: let the GC have it
 	}
-}
-
-func startsLikeObject(b []byte) bool {
-	for _, c := range b {
-		switch c {
-		case ' ', '\t', '\n', '\r':
-			continue
-		}
-		return c == '{'
-	}
-	return false
 }
 
 // hop-by-hop headers (RFC 9110 §7.6.1), never forwarded.

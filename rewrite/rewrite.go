@@ -167,11 +167,19 @@ func (r *Result) AppliedState() *State {
 	return st
 }
 
-// Rewrite decides on in.Body. Errors: ErrNotObject (refuse), *SkipError (forward
-// untouched), ErrStateIncomplete (read the full state and call again).
-func (rw *Rewriter) Rewrite(in Input) (*Result, error) {
-	var buf [48]member
-	obj, err := scanObject(in.Body, buf[:0])
+// Prepared is a body scanned and fingerprinted once, before any state is known. The
+// proxy prepares outside its PUT lock, so that concurrent clients scan in parallel and
+// only the O(sections) decision and the forwarding are serialised.
+type Prepared struct {
+	body []byte
+	obj  object
+	sums []uint64 // per member: the record's fingerprint of its value
+}
+
+// Prepare validates and scans body. Errors: ErrNotObject (refuse), *SkipError
+// (forward untouched).
+func (rw *Rewriter) Prepare(body []byte) (*Prepared, error) {
+	obj, err := scanObject(body, make([]member, 0, 32))
 	switch {
 	case errors.Is(err, errNotObject):
 		return nil, ErrNotObject
@@ -181,11 +189,32 @@ func (rw *Rewriter) Rewrite(in Input) (*Result, error) {
 	if err := obj.checkDuplicates(); err != nil {
 		return nil, &SkipError{Reason: err.Error()}
 	}
+	p := &Prepared{body: body, obj: obj, sums: make([]uint64, len(obj.members))}
+	for i, m := range obj.members {
+		if !strings.HasSuffix(string(m.key), versionSuffix) {
+			p.sums[i] = hashItems(rw, body[m.valueStart:m.valueEnd])
+		}
+	}
+	return p, nil
+}
 
+// Rewrite prepares in.Body and decides on it; see Prepare and Decide.
+func (rw *Rewriter) Rewrite(in Input) (*Result, error) {
+	p, err := rw.Prepare(in.Body)
+	if err != nil {
+		return nil, err
+	}
+	return rw.Decide(p, in)
+}
+
+// Decide runs the decision for a prepared body (in.Body is ignored). Errors:
+// *SkipError (forward untouched), ErrStateIncomplete (read the full state and call
+// again with the same Prepared).
+func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 	res := &Result{}
-	e := edits{newValue: make([][]byte, len(obj.members)), drop: make([]bool, len(obj.members))}
-	for _, section := range rw.sections(&obj, in.State) {
-		o, change, err := rw.decide(section, &obj, &e, in)
+	e := edits{newValue: make([][]byte, len(p.obj.members)), drop: make([]bool, len(p.obj.members))}
+	for _, section := range rw.sections(&p.obj, in.State) {
+		o, change, err := rw.decide(section, p, &e, in)
 		if err != nil {
 			return nil, err
 		}
@@ -195,31 +224,16 @@ func (rw *Rewriter) Rewrite(in Input) (*Result, error) {
 		}
 	}
 	if len(res.Changes) == 0 {
-		res.Body, res.Digest = in.Body, in.Digest
+		res.Body, res.Digest = p.body, in.Digest
 		return res, nil
 	}
 	res.Changed = true
-	res.Body = e.apply(in.Buf[:0], in.Body, &obj)
+	res.Body = e.apply(in.Buf[:0], p.body, &p.obj)
 	res.Digest = in.Digest
 	if in.HasDigest {
 		res.Digest = in.Digest + "+confshim:" + decisionsHash(res.Changes)
 	}
 	return res, nil
-}
-
-// Check tells, without any state, whether body can be rewritten at all: nil, or
-// ErrNotObject, or a *SkipError. The proxy asks it for bodies that do not start like
-// an object, to refuse the ones APISIX would read as {}.
-func Check(body []byte) error {
-	var buf [8]member
-	_, err := scanObject(body, buf[:0])
-	switch {
-	case errors.Is(err, errNotObject):
-		return ErrNotObject
-	case err != nil:
-		return &SkipError{Reason: "the body is not valid JSON: " + err.Error()}
-	}
-	return nil
 }
 
 // sections is every section to decide on, sorted: APISIX's known ones, the data
@@ -242,8 +256,8 @@ func (rw *Rewriter) sections(obj *object, st *State) []string {
 }
 
 // decide handles one section: contract §5.1 for managed sections, §5.3 for preserved.
-func (rw *Rewriter) decide(section string, obj *object, e *edits, in Input) (outcome, *Change, error) {
-	body := in.Body
+func (rw *Rewriter) decide(section string, p *Prepared, e *edits, in Input) (outcome, *Change, error) {
+	body, obj := p.body, &p.obj
 	vi := obj.find(section + versionSuffix)
 	ii := obj.find(section)
 	vR, present, err := requestVersion(body, obj, vi)
@@ -277,11 +291,13 @@ func (rw *Rewriter) decide(section string, obj *object, e *edits, in Input) (out
 	}
 
 	var items []byte
+	o.managed = true
 	if ii >= 0 {
 		items = body[obj.members[ii].valueStart:obj.members[ii].valueEnd]
+		o.sum = p.sums[ii]
+	} else {
+		o.sum = hashItems(rw, nil)
 	}
-	o.managed = true
-	o.sum = hashItems(rw, items)
 	switch {
 	case !present:
 		o.applied = vS + 1
