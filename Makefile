@@ -45,7 +45,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./rewrite/
 
 integration:
-	$(GO) test -tags integration -count=1 -v -run Container ./integration/
+	$(GO) test -count=1 -v -run 'Container' ./integration/
 
 docker:
 	docker build --build-arg VERSION=$(VERSION) -t confshim:$(VERSION) .

@@ -129,7 +129,8 @@ func New(cfg Config) (*Proxy, error) {
 func newTransport(cfg Config) (*http.Transport, error) {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConnsPerHost = 32
-	t.WriteBufferSize = 256 << 10 // configs are megabytes: fewer, larger writes
+	t.IdleConnTimeout = 50 * time.Second // APISIX closes idle admin connections after 60 s
+	t.WriteBufferSize = 256 << 10        // configs are megabytes: fewer, larger writes
 	t.ReadBufferSize = 64 << 10
 	t.ResponseHeaderTimeout = cfg.UpstreamTimeout
 	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.UpstreamInsecureSkipVerify} //nolint:gosec // an explicit, loudly logged operator choice

@@ -261,3 +261,20 @@ func (c *Client) Sync(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	return res, nil
 }
+
+// CachedVersion returns the cached <section>_conf_version (0 when absent).
+func (c *Client) CachedVersion(section string) int64 {
+	for _, m := range c.cache {
+		if m.key == section+"_conf_version" {
+			v, _ := strconv.ParseFloat(string(m.raw), 64)
+			return int64(v)
+		}
+	}
+	return 0
+}
+
+// Adopt takes a copy of other's cache: the same ADC state, aimed at another server.
+func (c *Client) Adopt(other *Client) {
+	c.cache = append([]member(nil), other.cache...)
+	c.latest = other.latest
+}

@@ -1,0 +1,25 @@
+# syntax=docker/dockerfile:1
+# confshim: a static binary on distroless static:nonroot. `make docker` builds it.
+ARG GO_VERSION=1.26
+
+FROM golang:${GO_VERSION}-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/go/pkg/mod go mod download
+COPY . .
+ARG VERSION=dev
+RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" \
+    -o /out/confshim ./cmd/confshim
+
+FROM gcr.io/distroless/static-debian12:nonroot
+ARG VERSION=dev
+LABEL org.opencontainers.image.title="confshim" \
+      org.opencontainers.image.description="Repairs stale *_conf_version values in APISIX standalone Admin API PUTs" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/confshim/confshim"
+COPY --from=build /out/confshim /confshim
+USER 65532:65532
+EXPOSE 9280 9281
+ENTRYPOINT ["/confshim"]
