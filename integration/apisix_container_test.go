@@ -130,22 +130,6 @@ func waitForGateway(t *testing.T, gateway, path, want string) {
 	t.Fatalf("gateway %s never answered %q; last %s", path, want, last)
 }
 
-func adminPut(t *testing.T, admin, body, digest string) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPut, admin+"/apisix/admin/configs", strings.NewReader(body))
-	req.Header.Set("X-API-KEY", adminKey)
-	req.Header.Set("X-Digest", digest)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("out-of-band PUT: %d %s", resp.StatusCode, b)
-	}
-}
-
 func TestContainerOutOfBandSecrets(t *testing.T) {
 	a := startAPISIX(t)
 	shim, _ := confshimFor(t, a.admin)

@@ -152,9 +152,15 @@ func (s *stack) oobPut(t testing.TB, change func(doc map[string]any)) {
 	delete(doc, "X-Last-Modified")
 	change(doc)
 	body, _ := json.Marshal(doc)
-	req, _ := http.NewRequest(http.MethodPut, s.dpURL+"/apisix/admin/configs", bytes.NewReader(body))
+	adminPut(t, s.dpURL, string(body), fmt.Sprintf("oob-%d", time.Now().UnixNano()))
+}
+
+// adminPut writes straight to a data plane's Admin API and expects 202.
+func adminPut(t testing.TB, admin, body, digest string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPut, admin+"/apisix/admin/configs", strings.NewReader(body))
 	req.Header.Set("X-API-KEY", adminKey)
-	req.Header.Set("X-Digest", fmt.Sprintf("oob-%d", time.Now().UnixNano()))
+	req.Header.Set("X-Digest", digest)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
