@@ -53,26 +53,14 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 
-	// Scan before taking the lock: concurrent clients validate their bodies in parallel.
-	untouched := ""
-	var prepared *rewrite.Prepared
-	var prepareTime time.Duration
-	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/yaml") {
-		untouched = "yaml"
-	} else {
-		var err error
-		var skip *rewrite.SkipError
-		start := time.Now()
-		prepared, err = p.rw.Prepare(body)
-		prepareTime = time.Since(start)
-		switch {
-		case errors.Is(err, rewrite.ErrNotObject):
-			p.writeError(w, http.StatusBadRequest, "the configuration must be a JSON object: APISIX would read this body as {} and delete every section")
-			return
-		case errors.As(err, &skip):
-			p.log.Info().Str("event", "forward_untouched").Str("reason", skip.Reason).Msg("configs PUT not rewritten; APISIX will judge it")
-			untouched = "invalid"
-		}
+	// Read the body before taking the lock: concurrent clients validate and scan their
+	// bodies in parallel.
+	start := time.Now()
+	prepared, isYAML, untouched, refuse := p.prepare(r, body)
+	prepareTime := time.Since(start)
+	if refuse {
+		p.writeError(w, http.StatusBadRequest, "the configuration must be an object: APISIX would read this body as {} and delete every section")
+		return
 	}
 
 	// Serialise PUTs; the body was read first so a slow client cannot hold the lock.
@@ -102,7 +90,7 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 		if untouched != "" {
 			p.m.Passthrough.WithLabelValues(untouched).Inc()
 		}
-		resp, respBody, err := p.forwardPut(r, in, res)
+		resp, respBody, err := p.forwardPut(r, in, res, isYAML)
 		if res != nil && res.Changed {
 			buf := res.Body[:0]
 			defer p.putBuf(&buf)
@@ -124,6 +112,36 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 		p.respond(w, resp, respBody, res)
 		return
 	}
+}
+
+// prepare reads the body without any state: it returns the prepared body, whether it
+// came as YAML, the reason to forward it untouched ("encoded", "invalid"), or refuse
+// for a body that parses but is not an object.
+func (p *Proxy) prepare(r *http.Request, body []byte) (prepared *rewrite.Prepared, isYAML bool, untouched string, refuse bool) {
+	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+		// APISIX does not decode request bodies either; decoding here would change what
+		// it decides. Forwarded untouched, header and body still match.
+		p.log.Info().Str("event", "forward_untouched").Str("reason", "content-encoding "+enc).Msg("configs PUT not rewritten; APISIX will judge it")
+		return nil, false, "encoded", false
+	}
+	jsonBody := body
+	isYAML = strings.HasPrefix(r.Header.Get("Content-Type"), "application/yaml") // APISIX's test, §1.3
+	var err error
+	if isYAML {
+		jsonBody, err = rewrite.YAMLToJSON(body)
+	}
+	if err == nil {
+		prepared, err = p.rw.Prepare(jsonBody)
+	}
+	var skip *rewrite.SkipError
+	switch {
+	case errors.Is(err, rewrite.ErrNotObject):
+		return nil, isYAML, "", true
+	case errors.As(err, &skip):
+		p.log.Info().Str("event", "forward_untouched").Str("reason", skip.Reason).Msg("configs PUT not rewritten; APISIX will judge it")
+		return nil, isYAML, "invalid", false
+	}
+	return prepared, isYAML, "", false
 }
 
 // decide reads the data plane's state and runs the rewrite. It returns the reason to
@@ -303,7 +321,7 @@ func (c cancelOnClose) Close() error {
 
 // forwardPut sends one complete PUT: the rewritten body, or the client's bytes. For a
 // 400 it also returns the (bounded) body, to recognise a version conflict.
-func (p *Proxy) forwardPut(r *http.Request, in rewrite.Input, res *rewrite.Result) (*http.Response, []byte, error) {
+func (p *Proxy) forwardPut(r *http.Request, in rewrite.Input, res *rewrite.Result, fromYAML bool) (*http.Response, []byte, error) {
 	body := in.Body
 	if res != nil && res.Changed {
 		body = res.Body
@@ -321,6 +339,9 @@ func (p *Proxy) forwardPut(r *http.Request, in rewrite.Input, res *rewrite.Resul
 	if res != nil && res.Changed && in.HasDigest {
 		out.Header.Del("X-Digest")
 		out.Header.Set("X-Digest", res.Digest)
+	}
+	if res != nil && res.Changed && fromYAML {
+		out.Header.Set("Content-Type", "application/json") // the repaired YAML goes as JSON
 	}
 	resp, err := p.transport.RoundTrip(out)
 	if err != nil {

@@ -267,16 +267,18 @@ func TestConfigsPutErrors(t *testing.T) {
 		msg      string
 		forwards bool // the body reaches APISIX untouched
 	}{
-		{name: "array body", body: `[{"routes_conf_version":1}]`, status: 400, msg: "must be a JSON object"},
-		{name: "string body", body: ` "x"`, status: 400, msg: "must be a JSON object"},
-		{name: "number body", body: `5`, status: 400, msg: "must be a JSON object"},
-		{name: "null body", body: `null`, status: 400, msg: "must be a JSON object"},
+		{name: "array body", body: `[{"routes_conf_version":1}]`, status: 400, msg: "must be an object"},
+		{name: "string body", body: ` "x"`, status: 400, msg: "must be an object"},
+		{name: "number body", body: `5`, status: 400, msg: "must be an object"},
+		{name: "null body", body: `null`, status: 400, msg: "must be an object"},
 		{name: "too large", body: `{"x":"` + strings.Repeat("a", 1<<20) + `"}`, status: 413, msg: "--max-body-bytes"},
 		{name: "too large without Content-Length", body: `{"x":"` + strings.Repeat("a", 1<<20) + `"}`, chunked: true, status: 413, msg: "--max-body-bytes"},
 		{name: "invalid JSON goes to APISIX", body: `{abcd`, status: 400, msg: "invalid request body: Expected object key string but found invalid token at character 2", forwards: true},
 		{name: "string version goes to APISIX", body: `{"routes_conf_version":"15"}`, status: 400, msg: "routes_conf_version must be a number", forwards: true},
 		{name: "duplicate keys go to APISIX", body: `{"routes_conf_version":1,"routes_conf_version":2}`, status: 202, forwards: true},
-		{name: "YAML goes to APISIX", body: "routes_conf_version: 3\n", hdr: map[string]string{"Content-Type": "application/yaml"}, status: 202, forwards: true},
+		{name: "YAML array refused", body: "- routes_conf_version: 3\n", hdr: map[string]string{"Content-Type": "application/yaml"}, status: 400, msg: "must be an object"},
+		{name: "unreadable YAML goes to APISIX", body: "routes: [\n", hdr: map[string]string{"Content-Type": "application/yaml"}, status: 500, msg: "500 Internal Server Error", forwards: true},
+		{name: "gzip goes to APISIX", body: "\x1f\x8b\x08\x00gzipped", hdr: map[string]string{"Content-Encoding": "gzip"}, status: 400, msg: "invalid request body", forwards: true},
 		{name: "wrong key: APISIX refuses", body: `{"routes_conf_version":1}`, hdr: map[string]string{"X-API-KEY": "wrong"}, status: 401, msg: "failed to check token", forwards: true},
 		{name: "empty body goes to APISIX", body: ``, status: 400, msg: "invalid request body: empty request body", forwards: true},
 	}
@@ -474,4 +476,43 @@ func TestNewReportsEverySettingAtFault(t *testing.T) {
 			t.Fatalf("error %q does not name %s", err, name)
 		}
 	}
+}
+
+func TestYAMLPuts(t *testing.T) {
+	t.Run("repaired and forwarded as JSON", func(t *testing.T) {
+		f := newFixture(t, nil, func(c *Config) { c.Preserve = nil })
+		seed := httptest.NewRequest("PUT", "/apisix/admin/configs", strings.NewReader(`{"routes_conf_version":9}`))
+		seed.Header.Set("X-API-KEY", key)
+		seed.Header.Set("X-Digest", "seed")
+		f.em.ServeHTTP(httptest.NewRecorder(), seed)
+		body := "# ADC never sends YAML, but APISIX accepts it\nroutes_conf_version: 3\nroutes:\n  - id: r1\n    uri: /a\n    enable_websocket: yes\n"
+		r := do(t, "PUT", f.url+"/apisix/admin/configs", body, withKey(map[string]string{"X-Digest": "y1", "Content-Type": "application/yaml"}))
+		if r.status != http.StatusAccepted || r.header.Get("X-Confshim-Actions") != "routes=bumped" {
+			t.Fatalf("%d %v %s", r.status, r.header, r.body)
+		}
+		put := f.rec.puts()[0]
+		want := `{"routes_conf_version":10,"routes":[{"id":"r1","uri":"/a","enable_websocket":true}]}`
+		if string(put.body) != want || put.header.Get("Content-Type") != "application/json" || !strings.HasPrefix(put.header.Get("X-Digest"), "y1+confshim:") {
+			t.Fatalf("forwarded %s (%s, digest %s), want %s as JSON", put.body, put.header.Get("Content-Type"), put.header.Get("X-Digest"), want)
+		}
+	})
+	t.Run("nothing to repair: the YAML bytes go through", func(t *testing.T) {
+		f := newFixture(t, nil, func(c *Config) { c.Preserve = nil })
+		body := "routes_conf_version: 3\n"
+		r := do(t, "PUT", f.url+"/apisix/admin/configs", body, withKey(map[string]string{"X-Digest": "y1", "Content-Type": "application/yaml; charset=utf-8"}))
+		if r.status != http.StatusAccepted || r.header.Get("X-Confshim-Actions") != "" {
+			t.Fatalf("%d %v", r.status, r.header)
+		}
+		put := f.rec.puts()[0]
+		if string(put.body) != body || put.header.Get("Content-Type") != "application/yaml; charset=utf-8" || put.header.Get("X-Digest") != "y1" {
+			t.Fatalf("want the YAML untouched, got %q %v", put.body, put.header)
+		}
+	})
+	t.Run("encoded bodies are counted", func(t *testing.T) {
+		f := newFixture(t, nil, nil)
+		do(t, "PUT", f.url+"/apisix/admin/configs", "x", withKey(map[string]string{"X-Digest": "d", "Content-Encoding": "br"}))
+		if got := testutil.ToFloat64(f.m.Passthrough.WithLabelValues("encoded")); got != 1 {
+			t.Fatalf("untouched{encoded} = %v", got)
+		}
+	})
 }

@@ -131,3 +131,27 @@ func sendsUnknownSection(res *Result, st *State) bool {
 	}
 	return false
 }
+
+// FuzzYAML checks the YAML reader: no panic, and whatever it converts is a valid JSON
+// object that the rewrite can take.
+func FuzzYAML(f *testing.F) {
+	for _, s := range []string{"routes_conf_version: 3\nroutes:\n  - {id: r1, uri: /a}\n", "a: yes\nb: 0755\n", "- 1\n", "~", "a: [", "a: .nan", "a: &x [1]\nb: *x\n", "? [1, 2]\n: 3\n", "---\na: 1\n---\nb: 2\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		out, err := YAMLToJSON(body)
+		var skip *SkipError
+		if errors.Is(err, ErrNotObject) || errors.As(err, &skip) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("unexpected error %v", err)
+		}
+		if verr := fastjson.ValidateBytes(out); verr != nil {
+			t.Fatalf("not valid JSON: %v\n%s", verr, out)
+		}
+		if _, err := New(DefaultPreserve).Prepare(out); errors.Is(err, ErrNotObject) {
+			t.Fatalf("a converted mapping must be an object: %s", out)
+		}
+	})
+}

@@ -40,7 +40,7 @@ type Change struct {
 
 // ErrNotObject reports a body that is valid JSON but not an object: APISIX would take
 // an array or string as {} and empty every section, so the proxy refuses it.
-var ErrNotObject = errors.New("the body is valid JSON but not an object")
+var ErrNotObject = errors.New("the body parses but is not an object")
 
 // ErrStateIncomplete asks the caller for a state with items (a full GET): a decision
 // needs to compare the client's items with the data plane's.
