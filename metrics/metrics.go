@@ -20,6 +20,7 @@ type Metrics struct {
 	RequestDuration   *prometheus.HistogramVec
 	RewriteDuration   prometheus.Histogram
 	Passthrough       *prometheus.CounterVec
+	Refused           *prometheus.CounterVec
 }
 
 // UpstreamErrorKinds are the values of confshim_upstream_errors_total{kind}.
@@ -72,13 +73,17 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			Help: "Configs PUTs forwarded without a rewrite because confshim could not read them, by reason.",
 		}, []string{"reason"}),
 	}
+	m.Refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "refused_requests_total",
+		Help: "Requests confshim refused before the Admin API, by reason (allow_cidrs, upgrade).",
+	}, []string{"reason"})
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ns, Name: "build_info",
 		Help: "A constant 1, labelled with confshim's version and the Go version that built it.",
 	}, []string{"version", "goversion"})
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Requests, m.SectionRewrites, m.ConflictRetries, m.UpstreamErrors,
-		m.ClientDisconnects, m.RequestDuration, m.RewriteDuration, m.Passthrough, buildInfo,
+		m.ClientDisconnects, m.RequestDuration, m.RewriteDuration, m.Passthrough, m.Refused, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, k := range UpstreamErrorKinds {
 		m.UpstreamErrors.WithLabelValues(k) // exported at 0 so that rate() works from the start

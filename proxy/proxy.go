@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"os"
 	"path"
@@ -36,6 +37,9 @@ type Config struct {
 	MaxBodyBytes    int64         // larger request bodies get 413
 	UpstreamTimeout time.Duration // per upstream request
 	AdminKey        string        // for confshim's own requests when the caller sent no key
+	// AllowCIDRs, when not empty, is who may talk to the Admin API through confshim,
+	// checked against the TCP peer (never X-Forwarded-For).
+	AllowCIDRs []netip.Prefix
 
 	UpstreamCAFile             string
 	UpstreamInsecureSkipVerify bool
@@ -163,11 +167,77 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.handler.Se
 // $uri: slashes merged, dot segments resolved); chi never answers in APISIX's place.
 func (p *Proxy) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(p.observe, routeOnNormalizedPath)
+	r.Use(p.observe, p.guard, routeOnNormalizedPath)
 	r.Put(ConfigsPath, p.putConfigs)
 	r.NotFound(p.passthrough)
 	r.MethodNotAllowed(p.passthrough)
 	return r
+}
+
+// guard refuses what must never reach the Admin API: clients outside --allow-cidrs
+// (APISIX's own allow_admin sees only confshim's 127.0.0.1), and protocol upgrades
+// (h2c or websocket smuggling past the proxy's view of requests).
+func (p *Proxy) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(p.cfg.AllowCIDRs) > 0 && !p.allowed(r.RemoteAddr) {
+			p.m.Refused.WithLabelValues("allow_cidrs").Inc()
+			p.log.Warn().Str("event", "refused").Str("remote", r.RemoteAddr).Msg("client outside --allow-cidrs")
+			p.writeError(w, http.StatusForbidden, "this client may not use the Admin API (--allow-cidrs)")
+			return
+		}
+		if r.Header.Get("Upgrade") != "" || headerHasToken(r.Header, "Connection", "upgrade") {
+			p.m.Refused.WithLabelValues("upgrade").Inc()
+			p.writeError(w, http.StatusBadRequest, "protocol upgrades are not allowed on the Admin API")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (p *Proxy) allowed(remoteAddr string) bool {
+	ap, err := netip.ParseAddrPort(remoteAddr)
+	if err != nil {
+		return false
+	}
+	addr := ap.Addr().Unmap()
+	for _, prefix := range p.cfg.AllowCIDRs {
+		if prefix.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ParseCIDRs reads --allow-cidrs: comma-separated prefixes or single addresses.
+func ParseCIDRs(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		if prefix, err := netip.ParsePrefix(part); err == nil {
+			out = append(out, prefix.Masked())
+			continue
+		}
+		addr, err := netip.ParseAddr(part)
+		if err != nil {
+			return nil, fmt.Errorf("%q is neither a CIDR nor an address", part)
+		}
+		out = append(out, netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen()))
+	}
+	return out, nil
 }
 
 // routeOnNormalizedPath makes chi match the path as nginx would see it, so that

@@ -80,16 +80,22 @@ type addrs struct {
 	proxy, metrics string
 }
 
-// start runs confshim in front of an emulator and returns its addresses and a stop func.
+// start runs confshim in front of upstream.
 func start(t *testing.T, upstream string) (addrs, func() int) {
+	t.Helper()
+	return launch(t, []string{"--upstream", upstream, "--upstream-timeout", "2s", "--shutdown-timeout", "5s"})
+}
+
+// launch runs confshim on loopback ports with args and returns its addresses and a
+// stop func (cancel, then the exit code).
+func launch(t *testing.T, args []string) (addrs, func() int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan addrs, 1)
 	done := make(chan int, 1)
+	args = append([]string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, args...)
 	go func() {
-		done <- run(ctx, []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--upstream", upstream,
-			"--upstream-timeout", "2s", "--shutdown-timeout", "5s"}, noEnv, io.Discard, io.Discard,
-			func(p, m string) { ready <- addrs{p, m} })
+		done <- run(ctx, args, noEnv, io.Discard, io.Discard, func(p, m string) { ready <- addrs{p, m} })
 	}()
 	select {
 	case a := <-ready:
@@ -99,6 +105,7 @@ func start(t *testing.T, upstream string) (addrs, func() int) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("confshim did not start")
 	}
+	cancel()
 	return addrs{}, nil
 }
 

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/confshim/confshim/proxy"
 	"github.com/confshim/confshim/rewrite"
 )
 
@@ -34,6 +36,7 @@ type options struct {
 	upstreamClientCert              string
 	upstreamClientKey               string
 	tlsCertFile, tlsKeyFile         string
+	allowCIDRs                      []netip.Prefix
 }
 
 // rawFlag keeps the text it was given; values are checked together after parsing so
@@ -67,6 +70,7 @@ var flagSpecs = []flagSpec{
 	{"upstream-insecure-skip-verify", "false", "do not verify APISIX's certificate (dangerous; logged loudly)", true},
 	{"upstream-client-cert-file", "", "client certificate for APISIX's admin_api_mtls", false},
 	{"upstream-client-key-file", "", "key of --upstream-client-cert-file", false},
+	{"allow-cidrs", "", "comma-separated CIDRs allowed to use the Admin API through confshim, checked against the TCP peer (empty: everyone)", false},
 	{"tls-cert-file", "", "serve HTTPS with this certificate (reloaded when the file changes)", false},
 	{"tls-key-file", "", "key of --tls-cert-file", false},
 }
@@ -169,6 +173,11 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 	}
 	o.upstreamClientCert, o.upstreamClientKey = get("upstream-client-cert-file"), get("upstream-client-key-file")
 	o.tlsCertFile, o.tlsKeyFile = get("tls-cert-file"), get("tls-key-file")
+	if cidrs, err := proxy.ParseCIDRs(get("allow-cidrs")); err != nil {
+		bad("allow-cidrs", "%v", err)
+	} else {
+		o.allowCIDRs = cidrs
+	}
 	if (o.tlsCertFile == "") != (o.tlsKeyFile == "") {
 		bad("tls-cert-file", "--tls-cert-file and --tls-key-file go together")
 	}

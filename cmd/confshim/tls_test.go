@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/confshim/confshim/integration/emulator"
+	"github.com/confshim/confshim/integration/testcerts"
+)
+
+// startArgs runs confshim in front of a fresh emulator, with extra flags.
+func startArgs(t *testing.T, extra ...string) (addrs, func() int) {
+	t.Helper()
+	em, _ := emulator.New(emulator.Options{})
+	dp := httptest.NewServer(em)
+	t.Cleanup(dp.Close)
+	return launch(t, append([]string{"--upstream", dp.URL}, extra...))
+}
+
+func TestServesHTTPSAndReloadsTheCertificate(t *testing.T) {
+	ca := testcerts.NewCA(t, "test-ca")
+	dir := t.TempDir()
+	first := ca.Issue(t, "first")
+	certFile := testcerts.Write(t, dir, "tls.crt", first.CertPEM)
+	keyFile := testcerts.Write(t, dir, "tls.key", first.KeyPEM)
+	a, stop := startArgs(t, "--tls-cert-file", certFile, "--tls-key-file", keyFile)
+	defer stop()
+
+	served := func() string {
+		client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}, DisableKeepAlives: true}}
+		resp, err := client.Head("https://" + a.proxy + "/apisix/admin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Server"), "APISIX/") {
+			t.Fatalf("HEAD /apisix/admin over HTTPS: %d %v", resp.StatusCode, resp.Header)
+		}
+		return resp.TLS.PeerCertificates[0].Subject.CommonName
+	}
+	if cn := served(); cn != "first" {
+		t.Fatalf("serving %q", cn)
+	}
+	// cert-manager rotates the mounted secret
+	second := ca.Issue(t, "second")
+	testcerts.Write(t, dir, "tls.key", second.KeyPEM)
+	testcerts.Write(t, dir, "tls.crt", second.CertPEM)
+	deadline := time.Now().Add(5 * time.Second)
+	for served() != "second" {
+		if time.Now().After(deadline) {
+			t.Fatal("the rotated certificate was never served")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func TestHeaderSizeIsCapped(t *testing.T) {
+	a, stop := startArgs(t)
+	defer stop()
+	req, _ := http.NewRequest("GET", "http://"+a.proxy+"/apisix/admin/configs", nil)
+	req.Header.Set("X-Big", strings.Repeat("a", 200<<10))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("got %d, want 431", resp.StatusCode)
+	}
+}
+
+func TestBadTLSFilesAreReportedBeforeListening(t *testing.T) {
+	var stderr strings.Builder
+	code := run(context.Background(), []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+		"--tls-cert-file", "/nonexistent.crt", "--tls-key-file", "/nonexistent.key"}, noEnv, io.Discard, &stderr,
+		func(string, string) { t.Fatal("must not listen") })
+	if code == 0 || !strings.HasPrefix(stderr.String(), "--tls-cert-file") {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+}

@@ -1,0 +1,195 @@
+package proxy
+
+import (
+	"bufio"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/confshim/confshim/integration/emulator"
+	"github.com/confshim/confshim/integration/testcerts"
+)
+
+func TestAllowCIDRs(t *testing.T) {
+	cases := []struct {
+		name   string
+		allow  string
+		xff    string
+		status int
+	}{
+		{"everyone by default", "", "", http.StatusOK},
+		{"loopback allowed", "127.0.0.0/8", "", http.StatusOK},
+		{"single address allowed", "127.0.0.1", "", http.StatusOK},
+		{"other network refused", "10.0.0.0/8", "", http.StatusForbidden},
+		{"X-Forwarded-For cannot open the door", "10.0.0.0/8", "10.1.2.3", http.StatusForbidden},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cidrs, err := ParseCIDRs(tc.allow)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := newFixture(t, nil, func(c *Config) { c.AllowCIDRs = cidrs })
+			hdr := withKey(nil)
+			if tc.xff != "" {
+				hdr["X-Forwarded-For"] = tc.xff
+				hdr["X-Real-IP"] = tc.xff
+			}
+			r := do(t, "GET", f.url+"/apisix/admin/configs", "", hdr)
+			if r.status != tc.status {
+				t.Fatalf("got %d %s", r.status, r.body)
+			}
+			if tc.status == http.StatusForbidden {
+				if !strings.HasPrefix(r.body, `{"error_msg":"confshim: `) || len(f.rec.all()) != 0 {
+					t.Fatalf("a refused client gets confshim's 403 and reaches nothing: %s, upstream saw %d", r.body, len(f.rec.all()))
+				}
+				if got := testutil.ToFloat64(f.m.Refused.WithLabelValues("allow_cidrs")); got != 1 {
+					t.Fatalf("refused{allow_cidrs} = %v", got)
+				}
+			}
+		})
+	}
+	if _, err := ParseCIDRs("10.0.0.0/8, nonsense"); err == nil {
+		t.Fatal("a bad entry must be an error")
+	}
+	if got, _ := ParseCIDRs("::ffff:10.0.0.1"); len(got) != 1 || !got[0].Contains(netip.MustParseAddr("10.0.0.1")) {
+		t.Fatalf("a v4-mapped address matches its v4 peer: %v", got)
+	}
+}
+
+func TestUpgradesAreRefused(t *testing.T) {
+	f := newFixture(t, nil, nil)
+	for _, hdr := range []map[string]string{
+		{"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAMAAABkAARAAAAAAAIAAAAA"},
+		{"Connection": "Upgrade", "Upgrade": "websocket"},
+	} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "GET /apisix/admin/configs HTTP/1.1\r\nHost: x\r\nX-API-KEY: %s\r\n", key)
+		for k, v := range hdr {
+			fmt.Fprintf(conn, "%s: %s\r\n", k, v)
+		}
+		fmt.Fprint(conn, "\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		conn.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "upgrades are not allowed") {
+			t.Fatalf("%v: got %d %s", hdr, resp.StatusCode, body)
+		}
+	}
+	if len(f.rec.all()) != 0 {
+		t.Fatal("an upgrade request must not reach APISIX")
+	}
+}
+
+// TestSlowClientDoesNotHoldThePutLock: a client that trickles its body does not stop
+// another client's PUT, because the body is read before the lock is taken.
+func TestSlowClientDoesNotHoldThePutLock(t *testing.T) {
+	f := newFixture(t, nil, nil)
+	pr, pw := io.Pipe()
+	slowDone := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("PUT", f.url+"/apisix/admin/configs", pr)
+		req.Header.Set("X-API-KEY", key)
+		req.Header.Set("X-Digest", "slow")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			slowDone <- -1
+			return
+		}
+		resp.Body.Close()
+		slowDone <- resp.StatusCode
+	}()
+	_, _ = io.WriteString(pw, `{"routes_conf_version":`) // half a body, then silence
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	r := do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":5}`, withKey(map[string]string{"X-Digest": "fast"}))
+	if r.status != http.StatusAccepted || time.Since(start) > 2*time.Second {
+		t.Fatalf("the fast PUT waited for the slow one: %d after %s", r.status, time.Since(start))
+	}
+	_, _ = io.WriteString(pw, `6}`)
+	pw.Close()
+	if got := <-slowDone; got != http.StatusAccepted {
+		t.Fatalf("slow PUT: %d", got)
+	}
+}
+
+func TestUpstreamTLS(t *testing.T) {
+	ca := testcerts.NewCA(t, "apisix-ca")
+	serverPair := ca.Issue(t, "apisix")
+	clientCA := testcerts.NewCA(t, "client-ca")
+	clientPair := clientCA.Issue(t, "confshim")
+	dir := t.TempDir()
+	caFile := testcerts.Write(t, dir, "ca.pem", ca.PEM)
+	certFile := testcerts.Write(t, dir, "client.pem", clientPair.CertPEM)
+	keyFile := testcerts.Write(t, dir, "client-key.pem", clientPair.KeyPEM)
+
+	em, _ := emulator.New(emulator.Options{AdminKey: key})
+	start := func(mtls bool) string {
+		srv := httptest.NewUnstartedServer(em)
+		srv.TLS = &tls.Config{Certificates: []tls.Certificate{serverPair.TLS(t)}}
+		if mtls {
+			srv.TLS.ClientAuth = tls.RequireAndVerifyClientCert
+			srv.TLS.ClientCAs = clientCA.Pool()
+		}
+		srv.StartTLS()
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	plain, mutual := start(false), start(true)
+	cases := []struct {
+		name     string
+		upstream string
+		cfg      func(*Config)
+		status   int
+		kind     string
+	}{
+		{"verified with --upstream-ca-file", plain, func(c *Config) { c.UpstreamCAFile = caFile }, http.StatusOK, ""},
+		{"unknown CA is a tls error", plain, nil, http.StatusBadGateway, "tls"},
+		{"insecure skip verify", plain, func(c *Config) { c.UpstreamInsecureSkipVerify = true }, http.StatusOK, ""},
+		{"mTLS with a client certificate", mutual, func(c *Config) {
+			c.UpstreamCAFile, c.UpstreamClientCertFile, c.UpstreamClientKeyFile = caFile, certFile, keyFile
+		}, http.StatusOK, ""},
+		{"mTLS without a client certificate", mutual, func(c *Config) { c.UpstreamCAFile = caFile }, http.StatusBadGateway, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, http.NotFoundHandler(), func(c *Config) {
+				c.Upstream = tc.upstream
+				if tc.cfg != nil {
+					tc.cfg(c)
+				}
+			})
+			r := do(t, "GET", f.url+"/apisix/admin/configs", "", withKey(nil))
+			if r.status != tc.status {
+				t.Fatalf("got %d %s", r.status, r.body)
+			}
+			if tc.kind != "" {
+				if got := testutil.ToFloat64(f.m.UpstreamErrors.WithLabelValues(tc.kind)); got != 1 {
+					t.Fatalf("upstream errors{%s} = %v", tc.kind, got)
+				}
+			}
+			if tc.status == http.StatusOK {
+				// and a repaired PUT over the same TLS connection settings
+				p := do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":1}`, withKey(map[string]string{"X-Digest": tc.name}))
+				if p.status != http.StatusAccepted && p.status != http.StatusNoContent {
+					t.Fatalf("PUT over TLS: %d %s", p.status, p.body)
+				}
+			}
+		})
+	}
+}
