@@ -40,9 +40,12 @@ lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 
+# Each fuzz target for FUZZTIME; a finding is written to testdata/fuzz/ — commit it.
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzRewrite$$' -fuzztime $(FUZZTIME) ./rewrite/
 	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./rewrite/
+	$(GO) test -run '^$$' -fuzz '^FuzzRewrite$$' -fuzztime $(FUZZTIME) ./rewrite/
+	$(GO) test -run '^$$' -fuzz '^FuzzYAML$$' -fuzztime $(FUZZTIME) ./rewrite/
+	$(GO) test -run '^$$' -fuzz '^FuzzProxyPut$$' -fuzztime $(FUZZTIME) ./proxy/
 
 integration:
 	$(GO) test -count=1 -v -run 'Container' ./integration/
