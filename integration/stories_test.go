@@ -14,13 +14,17 @@ import (
 
 // Each story runs against the emulator as APISIX behaves and with --fill-defaults, and
 // is first shown to fail against the bare data plane, then to pass through confshim.
-var profiles = []stackOptions{{}, {fillDefaults: true}}
+var profiles = []stackOptions{{}, {fillDefaults: true}, {version: "3.14.1"}, {version: "3.13.0"}}
 
 func profileName(o stackOptions) string {
-	if o.fillDefaults {
-		return "fill-defaults"
+	name := "apisix-3.17"
+	if o.version != "" {
+		name = "apisix-" + o.version
 	}
-	return "apisix"
+	if o.fillDefaults {
+		name += "-fill-defaults"
+	}
+	return name
 }
 
 // registerSecrets is the operator's out-of-band write: a vault manager in secrets.
