@@ -193,3 +193,43 @@ func TestUpstreamTLS(t *testing.T) {
 		})
 	}
 }
+
+// TestGetsGoOnWhileAPutIsInFlight: PUTs are serialised, other requests are not held up.
+func TestGetsGoOnWhileAPutIsInFlight(t *testing.T) {
+	em, _ := emulator.New(emulator.Options{AdminKey: key})
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut {
+			entered <- struct{}{}
+			<-release
+		}
+		em.ServeHTTP(w, r)
+	}), nil)
+	putDone := make(chan int, 1)
+	go func() {
+		putDone <- do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":1}`, withKey(map[string]string{"X-Digest": "a"})).status
+	}()
+	<-entered
+	start := time.Now()
+	if r := do(t, "GET", f.url+"/apisix/admin/configs", "", withKey(nil)); r.status != http.StatusOK || time.Since(start) > time.Second {
+		t.Fatalf("GET during a PUT: %d after %s", r.status, time.Since(start))
+	}
+	second := make(chan int, 1)
+	go func() {
+		second <- do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":2}`, withKey(map[string]string{"X-Digest": "b"})).status
+	}()
+	select {
+	case <-entered:
+		t.Fatal("a second PUT reached APISIX while the first was in flight")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	if got := <-putDone; got != http.StatusAccepted {
+		t.Fatalf("first PUT: %d", got)
+	}
+	<-entered
+	if got := <-second; got != http.StatusAccepted {
+		t.Fatalf("second PUT: %d", got)
+	}
+}
