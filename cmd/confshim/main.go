@@ -30,14 +30,14 @@ var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, nil)
+	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr, nil)
 	stop()
 	os.Exit(code)
 }
 
 // run is the whole program; ready, when set, learns the bound addresses (tests).
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(proxyAddr, metricsAddr string)) int {
-	opts, err := parseOptions(args, getenv)
+func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer, ready func(proxyAddr, metricsAddr string)) int {
+	opts, err := parseOptions(args, lookupEnv)
 	if errors.Is(err, errVersion) {
 		fmt.Fprintf(stdout, "confshim %s\n", version)
 		return 0

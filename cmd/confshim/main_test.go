@@ -15,7 +15,7 @@ import (
 	"github.com/confshim/confshim/integration/emulator"
 )
 
-func noEnv(string) string { return "" }
+func noEnv(string) (string, bool) { return "", false }
 
 func TestVersion(t *testing.T) {
 	var out bytes.Buffer
@@ -55,7 +55,8 @@ func TestBadFlagsAreAllReportedBeforeListening(t *testing.T) {
 
 func TestEnvironmentOverlay(t *testing.T) {
 	env := map[string]string{"CONFSHIM_PRESERVE": "secrets", "CONFSHIM_MAX_BODY_BYTES": "1234", "CONFSHIM_UPSTREAM_TIMEOUT": "3s", "CONFSHIM_UPSTREAM_INSECURE_SKIP_VERIFY": "true"}
-	o, err := parseOptions([]string{"--max-body-bytes", "99"}, func(k string) string { return env[k] })
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	o, err := parseOptions([]string{"--max-body-bytes", "99"}, lookup)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,12 +67,12 @@ func TestEnvironmentOverlay(t *testing.T) {
 	if err != nil || len(o.preserve) != 0 {
 		t.Fatalf("--preserve '' means none: %v %v", o.preserve, err)
 	}
-	if _, err := parseOptions(nil, func(k string) string {
-		if k == "CONFSHIM_LOG_LEVEL" {
-			return "chatty"
-		}
-		return ""
-	}); err == nil || !strings.Contains(err.Error(), "--log-level") {
+	env = map[string]string{"CONFSHIM_PRESERVE": ""}
+	if o, err := parseOptions(nil, lookup); err != nil || len(o.preserve) != 0 {
+		t.Fatalf("CONFSHIM_PRESERVE set to empty means none: %v %v", o.preserve, err)
+	}
+	env = map[string]string{"CONFSHIM_LOG_LEVEL": "chatty"}
+	if _, err := parseOptions(nil, lookup); err == nil || !strings.Contains(err.Error(), "--log-level") {
 		t.Fatalf("a bad environment value names its flag: %v", err)
 	}
 }

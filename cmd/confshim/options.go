@@ -82,7 +82,7 @@ func envName(flagName string) string {
 
 // parseOptions reads flags, then CONFSHIM_* variables for flags not given; every
 // invalid value is reported, one line each, naming the flag.
-func parseOptions(args []string, getenv func(string) string) (*options, error) {
+func parseOptions(args []string, lookupEnv func(string) (string, bool)) (*options, error) {
 	fs := flag.NewFlagSet("confshim", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	raw := map[string]*rawFlag{}
@@ -107,7 +107,8 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	for _, s := range flagSpecs {
-		if v := getenv(envName(s.name)); !given[s.name] && v != "" {
+		// a variable set to "" counts: CONFSHIM_PRESERVE= means "preserve nothing"
+		if v, set := lookupEnv(envName(s.name)); !given[s.name] && set {
 			raw[s.name].value = v
 		}
 	}

@@ -1,0 +1,47 @@
+package metrics
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestLabelsAreBounded(t *testing.T) {
+	cases := []struct{ in, section, method string }{
+		{"routes", "routes", "GET"},
+		{"stream_routes", "stream_routes", "PURGE"},
+		{"widgets", "other", "BREW"},
+		{"", "other", ""},
+	}
+	for _, tc := range cases {
+		if got := SectionLabel(tc.in); got != tc.section {
+			t.Errorf("SectionLabel(%q) = %q, want %q", tc.in, got, tc.section)
+		}
+	}
+	if MethodLabel("GET") != "GET" || MethodLabel("PURGE") != "other" || MethodLabel("") != "other" {
+		t.Error("unknown methods must collapse to other")
+	}
+}
+
+func TestNewRegistersEverything(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg, "v1.2.3")
+	m.ConflictRetries.Inc()
+	n, err := testutil.GatherAndCount(reg,
+		"confshim_build_info", "confshim_conflict_retries_total", "confshim_upstream_errors_total",
+		"go_goroutines", "process_open_fds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// build info 1 + retries 1 + upstream error kinds 5 + go 1 + process 1
+	if n != 9 {
+		t.Fatalf("got %d series", n)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("registering twice on one registry must fail: collectors are never global")
+		}
+	}()
+	New(reg, "again")
+}
