@@ -326,11 +326,15 @@ func (rw *Rewriter) decide(section string, p *Prepared, e *edits, in Input) (out
 	return o, change, nil
 }
 
-// unchanged reports whether the client's copy of section is what the data plane holds:
-// by the record when it describes the data plane's current version, else semantically.
+// unchanged reports whether the client's copy of section is what the data plane holds.
+// The record answers "yes" cheaply when it describes the data plane's current version
+// and holds these very bytes. Otherwise — no record, a stale one, or other bytes — the
+// items are compared with the data plane's: other bytes can still be the same
+// configuration (another leader echoed the section as GET returned it), and raising
+// then spares APISIX a reload, while a real change is still seen as one.
 func (rw *Rewriter) unchanged(section string, items []byte, sum uint64, vS float64, in Input) (bool, error) {
-	if e, ok := in.Record.entry(section); ok && e.version == vS {
-		return e.sum == sum, nil
+	if e, ok := in.Record.entry(section); ok && e.version == vS && e.sum == sum {
+		return true, nil
 	}
 	if in.State == nil || !in.State.ItemsKnown {
 		return false, ErrStateIncomplete
