@@ -208,14 +208,18 @@ func (p *Proxy) logDecision(res *rewrite.Result) {
 	p.log.Info().Str("event", "rewrite").Str("actions", res.Actions()).Array("sections", arr).Msg("configs PUT repaired")
 }
 
+// errBadState: APISIX answered the state read, but not with a usable document.
+type errBadState struct{ err error }
+
+func (e errBadState) Error() string { return e.err.Error() }
+
+// stateReadFailed answers a PUT whose data plane state could not be read: nothing was
+// forwarded. An answer APISIX gave but confshim cannot use is a 502; no answer at all
+// is classified like any upstream failure (502, or 504 on a timeout).
 func (p *Proxy) stateReadFailed(w http.ResponseWriter, r *http.Request, err error) {
 	var status errStateStatus
-	if errors.As(err, &status) {
-		p.m.UpstreamErrors.WithLabelValues("other").Inc()
-		p.writeError(w, http.StatusBadGateway, "cannot read the data plane's state: "+status.Error()+"; nothing was forwarded")
-		return
-	}
-	if strings.HasPrefix(err.Error(), "data plane state") {
+	var bad errBadState
+	if errors.As(err, &status) || errors.As(err, &bad) {
 		p.m.UpstreamErrors.WithLabelValues("other").Inc()
 		p.writeError(w, http.StatusBadGateway, "cannot read the data plane's state: "+err.Error()+"; nothing was forwarded")
 		return
@@ -257,12 +261,16 @@ func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool) (*r
 		return nil, errStateStatus{http.MethodGet, resp.StatusCode}
 	}
 	body, err := readAllSized(resp, 4*p.cfg.MaxBodyBytes)
-	if err != nil {
+	var tooBig errBadState
+	if errors.As(err, &tooBig) {
 		return nil, err
+	}
+	if err != nil {
+		return nil, err // the transport's error: no complete answer
 	}
 	st, err := rewrite.ParseState(body)
 	if err != nil {
-		return nil, err
+		return nil, errBadState{err}
 	}
 	p.dp.state = st
 	p.dp.digest, p.dp.lastModified = resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified")
@@ -273,7 +281,7 @@ func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool) (*r
 // the length is announced (io.ReadAll's doubling would leave twice the state as garbage).
 func readAllSized(resp *http.Response, limit int64) ([]byte, error) {
 	if resp.ContentLength > limit {
-		return nil, fmt.Errorf("data plane state is over %d bytes", limit)
+		return nil, errBadState{fmt.Errorf("data plane state is over %d bytes", limit)}
 	}
 	if resp.ContentLength > 0 {
 		body := make([]byte, resp.ContentLength)
@@ -282,7 +290,7 @@ func readAllSized(resp *http.Response, limit int64) ([]byte, error) {
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err == nil && int64(len(body)) > limit {
-		return nil, fmt.Errorf("data plane state is over %d bytes", limit)
+		return nil, errBadState{fmt.Errorf("data plane state is over %d bytes", limit)}
 	}
 	return body, err
 }

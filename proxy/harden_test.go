@@ -233,3 +233,54 @@ func TestGetsGoOnWhileAPutIsInFlight(t *testing.T) {
 		t.Fatalf("second PUT: %d", got)
 	}
 }
+
+func TestPassthroughBodyLimit(t *testing.T) {
+	f := newFixture(t, nil, func(c *Config) { c.MaxBodyBytes = 1024 })
+	big := strings.Repeat("a", 4096)
+	for _, chunked := range []bool{false, true} {
+		var body io.Reader = strings.NewReader(big)
+		if chunked {
+			body = io.MultiReader(body)
+		}
+		req, _ := http.NewRequest("POST", f.url+"/apisix/admin/configs/validate", body)
+		req.Header.Set("X-API-KEY", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "--max-body-bytes") {
+			t.Fatalf("chunked=%v: got %d %s", chunked, resp.StatusCode, b)
+		}
+	}
+}
+
+func TestStateReadFailures(t *testing.T) {
+	cases := []struct {
+		name    string
+		upstrm  http.HandlerFunc
+		status  int
+		message string
+	}{
+		{"state read answered 500", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }, 502, "answered 500"},
+		{"state is not JSON", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "<html>") }, 502, "cannot read the data plane's state"},
+		{"connection reset", func(w http.ResponseWriter, r *http.Request) {
+			conn, _, _ := http.NewResponseController(w).Hijack()
+			conn.(*net.TCPConn).SetLinger(0)
+			conn.Close()
+		}, 502, "upstream reset"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, tc.upstrm, nil)
+			r := do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":1}`, withKey(map[string]string{"X-Digest": "d"}))
+			if r.status != tc.status || !strings.Contains(r.body, tc.message) {
+				t.Fatalf("got %d %s", r.status, r.body)
+			}
+			if len(f.rec.puts()) != 0 {
+				t.Fatal("nothing may be forwarded when the state cannot be read")
+			}
+		})
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -18,6 +19,7 @@ import (
 	"path"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -365,9 +367,10 @@ func classify(ctx context.Context, err error) (string, int) {
 	return "other", http.StatusBadGateway
 }
 
+// isReset: the connection broke after it was made (APISIX restarted, a worker died).
 func isReset(err error) bool {
-	msg := err.Error()
-	return strings.Contains(msg, "connection reset") || strings.Contains(msg, "EOF") || strings.Contains(msg, "broken pipe")
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // safeError keeps transport errors out of the log when they could quote a URL with
