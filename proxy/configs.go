@@ -53,8 +53,7 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 
-	// Read the body before taking the lock: concurrent clients validate and scan their
-	// bodies in parallel.
+	// Validate and scan before taking the lock: concurrent clients do it in parallel.
 	start := time.Now()
 	prepared, isYAML, untouched, refuse := p.prepare(r, body)
 	prepareTime := time.Since(start)

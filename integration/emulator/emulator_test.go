@@ -337,6 +337,16 @@ func TestVersionRules(t *testing.T) {
 			t.Fatalf("doc %v", doc)
 		}
 	})
+	t.Run("13-15 modifiedIndex, consumers and credentials are accepted", func(t *testing.T) {
+		em := newEm(t, "3.17.0")
+		expect(t, put(`{"routes":[{"id":"r1","uri":"/r1","modifiedIndex":1,"plugins":{"key-auth":{}}}]}`, "a").do(t, em), 202, "")
+		expect(t, put(`{"routes":[{"id":"r1","uri":"/r2","modifiedIndex":1}]}`, "b").do(t, em), 202, "")
+		expect(t, put(`{"routes":[{"id":"r1","uri":"/r2","modifiedIndex":1.5}]}`, "c").do(t, em), 400, `{"error_msg":"invalid configuration: property \"modifiedIndex\" validation failed: wrong type: expected integer, got number"}`+"\n")
+		expect(t, put(credentialSet, "d").do(t, em), 202, "")
+		if doc, _ := getDoc(t, em); len(doc["consumers"].([]any)) != 3 {
+			t.Fatalf("consumers %v", doc["consumers"])
+		}
+	})
 	t.Run("38 twelve versions at 1000", func(t *testing.T) {
 		em := newEm(t, "3.17.0")
 		var parts []string
@@ -467,6 +477,8 @@ func TestReloadsRestartAndLastPut(t *testing.T) {
 	expect(t, put(`{"routes_conf_version":1}`, "b").do(t, em), 202, "")
 }
 
+const credentialSet = `{"consumers":[{"username":"john_1"},{"id":"john_1/credentials/john-a","plugins":{"key-auth":{"key":"auth-a"}}},{"id":"john_1/credentials/john-b","plugins":{"key-auth":{"key":"auth-b"}}}]}`
+
 func TestValidateEndpoint(t *testing.T) {
 	cases := []struct {
 		name, version string
@@ -482,6 +494,19 @@ func TestValidateEndpoint(t *testing.T) {
 		{"33 YAML syntax", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: "invalid: yaml: [", header: map[string]string{"Content-Type": "application/yaml"}}, 400, []string{`"error_msg":"invalid request body: invalid yaml request body"`}},
 		{"54 collects every error", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"routes":[{"id":"a","uri":1},{"id":"b","uri":2}]}`}, 400, []string{`"index":0`, `"index":1`}},
 		{"3.15 keeps the prefix and answers empty", "3.15.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"routes":[{"id":"a","uri":1}]}`}, 400, []string{`invalid routes at index 0, err: invalid configuration`}},
+		{"26 versions are not compared with the stored ones", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"routes_conf_version":1,"services_conf_version":1,"routes":[{"id":"r1","uri":"/a"},{"id":"r2","uri":"/b"}],"services":[{"id":"s1"}]}`}, 200, nil},
+		{"27 a credential set", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: credentialSet}, 200, nil},
+		{"30 unknown upstream field", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"routes":[{"id":"r1","uri":"/a","upstream":{"type":"roundrobin","nodes":{"a:1":1},"invalid_field":1}}]}`}, 400, []string{`"resource_type":"routes"`, `additional properties forbidden`}},
+		{"34 duplicate consumers", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"consumers":[{"username":"consumer1"},{"username":"consumer1"}]}`}, 400, []string{`"resource_type":"consumers"`, `found duplicate username consumer1 in consumers`}},
+		{"35 duplicate credential", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"consumers":[{"username":"john_1"},{"id":"john_1/credentials/john-a","plugins":{"key-auth":{"key":"a"}}},{"id":"john_1/credentials/john-a","plugins":{"key-auth":{"key":"b"}}}]}`}, 400, []string{`found duplicate credential id john_1\/credentials\/john-a in consumers`}},
+		{"36 unknown plugin", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"routes":[{"id":"r1","uri":"/a","plugins":{"invalid-plugin":{}}}]}`}, 400, []string{`"resource_type":"routes"`, `unknown plugin [invalid-plugin]`}},
+		{"37 chash key pattern", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"routes":[{"id":"r1","uri":"/a","upstream":{"type":"chash","hash_on":"vars","key":"args_invalid","nodes":{"a:1":1}}}]}`}, 400, []string{`failed to match pattern`}},
+		{"51 one error with resource_id and index", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"routes":[{"id":"r1","uri":123}]}`}, 400, []string{`"resource_id":"r1"`, `"index":0`, `"resource_type":"routes"`}},
+		{"53 cors credentials with a wildcard", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"routes":[{"id":"r1","uri":"/a","plugins":{"cors":{"allow_credential":true,"allow_origins":"*"}}}]}`}, 400, []string{`allow_credential`, `"resource_id":"r1"`}},
+		{"56 limit-count count -1", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"routes":[{"id":"r1","uri":"/a","plugins":{"limit-count":{"count":-1,"time_window":60}}}]}`}, 400, []string{`limit-count`}},
+		{"57 chash without key", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"upstreams":[{"id":"ups-1","type":"chash","hash_on":"vars","nodes":{"a:1":1}}]}`}, 400, []string{`"resource_type":"upstreams"`, `"resource_id":"ups-1"`, `missing key`}},
+		{"58 items without ids", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"routes":[{"uri":"/a"},{"uri":"/b"}],"services":[{"name":"s"}]}`}, 200, nil},
+		{"60 only the invalid section reports", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"routes":[{"id":"r1","uri":"/a"}],"upstreams":[{"id":"ups-bad","type":"nope","nodes":{"a:1":1}}]}`}, 400, []string{`"resource_id":"ups-bad"`, `"resource_type":"upstreams"`}},
 		{"size cap on 3.17", "3.17.0", call{method: "POST", path: "/apisix/admin/configs/validate", body: `{"x":"` + strings.Repeat("a", maxValidateBody) + `"}`}, 400, []string{`is greater than the maximum size 1572864 allowed`}},
 	}
 	for _, tc := range cases {

@@ -103,6 +103,30 @@ func checkPlugins(item table) *checkError {
 		if !knownPlugins[name] {
 			return &checkError{msg: fmt.Sprintf("unknown plugin [%s]", name)}
 		}
+		if err := checkPluginConf(name, plugins[name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkPluginConf models the two plugin checks APISIX's own tests assert (cors and
+// limit-count); every other known plugin's configuration is accepted as it is.
+func checkPluginConf(name string, raw any) *checkError {
+	conf, _ := raw.(table)
+	switch name {
+	case "cors":
+		if conf["allow_credential"] == true && (conf["allow_origins"] == "*" || conf["allow_origins"] == nil) {
+			return &checkError{msg: "failed to check the configuration of plugin cors err: you can not set '*' for other option when 'allow_credential' is true"}
+		}
+	case "limit-count":
+		count, ok := conf["count"].(float64)
+		if !ok {
+			return &checkError{msg: `failed to check the configuration of plugin limit-count err: property "count" is required`}
+		}
+		if count <= 0 {
+			return &checkError{msg: fmt.Sprintf(`failed to check the configuration of plugin limit-count err: property "count" validation failed: expected %s to be greater than 0`, formatLuaNumber(count))}
+		}
 	}
 	return nil
 }
