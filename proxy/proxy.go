@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -389,26 +390,8 @@ func (p *Proxy) writeError(w http.ResponseWriter, status int, msg string) {
 	h.Set("Content-Type", "application/json")
 	h.Del("Content-Length")
 	w.WriteHeader(status)
-	b := make([]byte, 0, len(msg)+32)
-	b = append(b, `{"error_msg":`...)
-	b = appendJSONString(b, "confshim: "+msg)
-	b = append(b, "}\n"...)
-	_, _ = w.Write(b)
-}
-
-func appendJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			b = append(b, c)
-		}
-	}
-	return append(b, '"')
+	body, _ := json.Marshal(struct {
+		ErrorMsg string `json:"error_msg"`
+	}{"confshim: " + msg})
+	_, _ = w.Write(append(body, '\n'))
 }
