@@ -244,9 +244,8 @@ func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool) (*r
 			p.dp.noHead = true
 		case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 			return nil, errRefused{resp.StatusCode}
-		default:
-			return nil, errStateStatus{http.MethodHead, resp.StatusCode}
 		}
+		// anything else (a changed state, an odd status): the GET below decides
 	}
 	resp, err := p.sideRequest(ctx, http.MethodGet, creds)
 	if err != nil {
