@@ -284,3 +284,32 @@ func TestStateReadFailures(t *testing.T) {
 		})
 	}
 }
+
+func TestOddHeadStatusFallsBackToGet(t *testing.T) {
+	em, _ := emulator.New(emulator.Options{AdminKey: key})
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodHead && r.URL.Path == "/apisix/admin/configs" {
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		em.ServeHTTP(w, r)
+	}), nil)
+	for i, body := range []string{`{"routes_conf_version":1}`, `{"routes_conf_version":0}`} {
+		r := do(t, "PUT", f.url+"/apisix/admin/configs", body, withKey(map[string]string{"X-Digest": fmt.Sprint(i)}))
+		if r.status != http.StatusAccepted {
+			t.Fatalf("PUT %d: %d %s", i, r.status, r.body)
+		}
+	}
+	var heads, gets int
+	for _, s := range f.rec.all() {
+		switch s.method {
+		case http.MethodHead:
+			heads++
+		case http.MethodGet:
+			gets++
+		}
+	}
+	if heads != 1 || gets != 2 {
+		t.Fatalf("want one HEAD (405) then a GET, got %d HEAD %d GET", heads, gets)
+	}
+}
