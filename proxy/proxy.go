@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -126,7 +127,7 @@ func New(cfg Config) (*Proxy, error) {
 		FlushInterval:  -1,
 		ErrorHandler:   p.passthroughError,
 		ModifyResponse: func(*http.Response) error { p.sawUpstream(); return nil },
-		ErrorLog:       nil,
+		ErrorLog:       StdLogger(cfg.Logger),
 	}
 	p.handler = p.routes()
 	return p, nil
@@ -286,6 +287,19 @@ func (p *Proxy) passthroughError(w http.ResponseWriter, r *http.Request, err err
 		return
 	}
 	p.upstreamFailed(w, r, err, "forward "+r.Method)
+}
+
+// StdLogger adapts zerolog for net/http's ErrorLog (TLS handshake failures, broken
+// streams), so that every line confshim writes is JSON. Those messages name no secrets.
+func StdLogger(l zerolog.Logger) *log.Logger {
+	return log.New(stdWriter{l}, "", 0)
+}
+
+type stdWriter struct{ l zerolog.Logger }
+
+func (w stdWriter) Write(p []byte) (int, error) {
+	w.l.Warn().Str("event", "http").Msg(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
 
 func (p *Proxy) sawUpstream() { p.lastAnswer.Store(time.Now().UnixNano()) }

@@ -109,7 +109,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		WriteTimeout:      4*opts.upstreamTimeout + time.Minute,
 		IdleTimeout:       125 * time.Second, // longer than ADC keeps idle sockets (100–120 s)
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          nil,
+		ErrorLog:          proxy.StdLogger(logger),
 	}
 	metricsSrv := &http.Server{
 		Handler:           internalHandler(reg, p, &shuttingDown),
@@ -117,6 +117,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       60 * time.Second,
+		ErrorLog:          proxy.StdLogger(logger),
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- proxySrv.Serve(proxyLn) }()
