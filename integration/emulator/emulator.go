@@ -462,6 +462,9 @@ func (e *Emulator) checkSection(key string, items []any) (int, string) {
 			return http.StatusBadRequest, e.prefixed(key, i, cerr)
 		}
 		item := raw.(table)
+		if cerr := e.checkAgainstApplied(key, item); cerr != nil {
+			return http.StatusBadRequest, e.prefixed(key, i, cerr)
+		}
 		id, field, ok := identifier(key, item)
 		if !ok {
 			if e.minor < 17 {
@@ -619,6 +622,8 @@ func (e *Emulator) validate(w http.ResponseWriter, r *http.Request) {
 		}
 		conf = table{}
 	}
+	e.mu.Lock() // the state-dependent checks read what is applied
+	defer e.mu.Unlock()
 	var errs []any
 	for _, k := range e.sections() {
 		vk := k + "_conf_version"
@@ -649,6 +654,11 @@ func (e *Emulator) validate(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 			if cerr := checkItem(k, raw); cerr != nil {
+				entry["error"] = e.prefixed(k, i, cerr)
+				errs = append(errs, entry)
+				continue
+			}
+			if cerr := e.checkAgainstApplied(k, item); cerr != nil {
 				entry["error"] = e.prefixed(k, i, cerr)
 				errs = append(errs, entry)
 				continue

@@ -539,3 +539,28 @@ func TestYAML11Semantics(t *testing.T) {
 		t.Fatalf("got %v", doc)
 	}
 }
+
+// TestStateDependentChecks: §4.1.3, checks against what the data plane has applied.
+func TestStateDependentChecks(t *testing.T) {
+	globalA := `{"global_rules":[{"id":"a","plugins":{"prometheus":{}}}]}`
+	cases := []struct {
+		name, version, seed, req string
+		status                   int
+		body                     string
+	}{
+		{"3.17 global rule plugin moved to another id", "3.17.0", globalA, `{"global_rules":[{"id":"b","plugins":{"prometheus":{}}}]}`, 400, `{"error_msg":"plugin 'prometheus' already exists in global rule with id 'a'"}` + "\n"},
+		{"3.17 same global rule id is fine", "3.17.0", globalA, `{"global_rules":[{"id":"a","plugins":{"prometheus":{"prefer_name":true}}}]}`, 202, ""},
+		{"3.14 has no such check", "3.14.1", globalA, `{"global_rules":[{"id":"b","plugins":{"prometheus":{}}}]}`, 202, ""},
+		{"3.18 consumer key owned by another consumer", "3.18.0", `{"consumers":[{"username":"jack","plugins":{"key-auth":{"key":"k"}}}]}`, `{"consumers":[{"username":"john","plugins":{"key-auth":{"key":"k"}}}]}`, 400, `{"error_msg":"duplicate key of plugin key-auth found with consumer: jack"}` + "\n"},
+		{"3.18 consumer key owned by a credential", "3.18.0", `{"consumers":[{"username":"jack"},{"id":"jack/credentials/c1","plugins":{"key-auth":{"key":"k2"}}}]}`, `{"consumers":[{"username":"john","plugins":{"key-auth":{"key":"k2"}}}]}`, 400, `{"error_msg":"duplicate key of plugin key-auth found with credential: jack\/credentials\/c1 of consumer: jack"}` + "\n"},
+		{"3.18 the same consumer keeps its key", "3.18.0", `{"consumers":[{"username":"jack","plugins":{"key-auth":{"key":"k"}}}]}`, `{"consumers":[{"username":"jack","desc":"x","plugins":{"key-auth":{"key":"k"}}}]}`, 202, ""},
+		{"3.17 has no consumer check", "3.17.0", `{"consumers":[{"username":"jack","plugins":{"key-auth":{"key":"k"}}}]}`, `{"consumers":[{"username":"john","plugins":{"key-auth":{"key":"k"}}}]}`, 202, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			em := newEm(t, tc.version)
+			expect(t, put(tc.seed, "seed").do(t, em), 202, "")
+			expect(t, put(tc.req, "req").do(t, em), tc.status, tc.body)
+		})
+	}
+}

@@ -275,3 +275,60 @@ func sortedKeys(m table) []string {
 	sortStrings(keys)
 	return keys
 }
+
+// authKeyAttrs are the consumer auth attributes APISIX 3.18 keeps unique (§4.1.3).
+var authKeyAttrs = map[string]string{
+	"key-auth": "key", "basic-auth": "username", "jwt-auth": "key", "hmac-auth": "key_id",
+	"ldap-auth": "user_dn", "ldap-auth-advanced": "user_dn",
+}
+
+// checkAgainstApplied runs the state-dependent checks of §4.1.3 against what the data
+// plane currently holds (the caller holds e.mu, or reads a consistent snapshot).
+func (e *Emulator) checkAgainstApplied(key string, item table) *checkError {
+	switch {
+	case key == "global_rules" && e.minor >= 17:
+		plugins, _ := item["plugins"].(table)
+		applied, _ := e.doc["global_rules"].([]any)
+		for _, name := range sortedKeys(plugins) {
+			for _, raw := range applied {
+				rule, _ := raw.(table)
+				other, _ := rule["plugins"].(table)
+				if _, uses := other[name]; uses && fmt.Sprint(rule["id"]) != fmt.Sprint(item["id"]) {
+					return &checkError{msg: fmt.Sprintf("plugin '%s' already exists in global rule with id '%v'", name, rule["id"])}
+				}
+			}
+		}
+	case key == "consumers" && e.minor >= 18:
+		username, isConsumer := item["username"].(string)
+		if _, hasID := item["id"]; hasID || !isConsumer {
+			return nil // not applied to credential items in this mode
+		}
+		plugins, _ := item["plugins"].(table)
+		applied, _ := e.doc["consumers"].([]any)
+		for _, plugin := range sortedKeys(plugins) {
+			attr, tracked := authKeyAttrs[plugin]
+			conf, _ := plugins[plugin].(table)
+			value, _ := conf[attr].(string)
+			if !tracked || value == "" || strings.HasPrefix(value, "$secret://") || strings.HasPrefix(value, "$env://") {
+				continue
+			}
+			for _, raw := range applied {
+				other, _ := raw.(table)
+				op, _ := other["plugins"].(table)
+				oc, _ := op[plugin].(table)
+				if oc == nil || oc[attr] != value {
+					continue
+				}
+				if credID, isCred := other["id"].(string); isCred {
+					owner, _, _ := strings.Cut(credID, "/credentials/")
+					if owner != username {
+						return &checkError{msg: fmt.Sprintf("duplicate %s of plugin %s found with credential: %s of consumer: %s", attr, plugin, credID, owner)}
+					}
+				} else if name, _ := other["username"].(string); name != username {
+					return &checkError{msg: fmt.Sprintf("duplicate %s of plugin %s found with consumer: %s", attr, plugin, name)}
+				}
+			}
+		}
+	}
+	return nil
+}
