@@ -121,7 +121,7 @@ type outcome struct {
 	sum      uint64  // hash of the forwarded items (managed only)
 	applied  float64 // the version after a 202
 	current  float64 // the data plane's version before the PUT (kept on a 204)
-	dpKnowns bool    // the data plane reported this section
+	dpKnows bool    // the data plane reported this section
 }
 
 // Actions renders the X-Confshim-Actions header value: "routes=raised, secrets=preserved".
@@ -160,7 +160,7 @@ func (r *Result) Commit(noContent bool) *Record {
 func (r *Result) AppliedState() *State {
 	st := &State{Versions: make(map[string]float64, len(r.sections))}
 	for _, o := range r.sections {
-		if o.dpKnowns {
+		if o.dpKnows {
 			st.Versions[o.section] = o.applied
 		}
 	}
@@ -266,7 +266,7 @@ func (rw *Rewriter) decide(section string, p *Prepared, e *edits, in Input) (out
 	}
 	vS := in.State.Version(section)
 	_, dpKnows := in.State.Versions[section]
-	o := outcome{section: section, current: vS, dpKnowns: dpKnows}
+	o := outcome{section: section, current: vS, dpKnows: dpKnows}
 	change := &Change{Section: section, From: vR, FromAbsent: !present}
 
 	if rw.preserve[section] {
