@@ -116,11 +116,11 @@ type Result struct {
 
 // outcome is what the data plane will hold for one section after the forwarded PUT.
 type outcome struct {
-	section  string
-	managed  bool
-	sum      uint64  // hash of the forwarded items (managed only)
-	applied  float64 // the version after a 202
-	current  float64 // the data plane's version before the PUT (kept on a 204)
+	section string
+	managed bool
+	sum     uint64  // hash of the forwarded items (managed only)
+	applied float64 // the version after a 202
+	current float64 // the data plane's version before the PUT (kept on a 204)
 	dpKnows bool    // the data plane reported this section
 }
 
