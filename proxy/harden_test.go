@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -311,5 +312,80 @@ func TestOddHeadStatusFallsBackToGet(t *testing.T) {
 	}
 	if heads != 1 || gets != 2 {
 		t.Fatalf("want one HEAD (405) then a GET, got %d HEAD %d GET", heads, gets)
+	}
+}
+
+func TestClientGoneWhileSendingOrWaiting(t *testing.T) {
+	t.Run("body cut short", func(t *testing.T) {
+		f := newFixture(t, nil, nil)
+		conn, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "PUT /apisix/admin/configs HTTP/1.1\r\nHost: x\r\nX-API-KEY: %s\r\nX-Digest: d\r\nContent-Length: 1000\r\n\r\n{\"routes_conf_version\":", key)
+		conn.Close()
+		deadline := time.Now().Add(2 * time.Second)
+		for testutil.ToFloat64(f.m.ClientDisconnects) < 1 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := testutil.ToFloat64(f.m.ClientDisconnects); got != 1 || len(f.rec.all()) != 0 {
+			t.Fatalf("disconnects %v, upstream saw %d requests", got, len(f.rec.all()))
+		}
+	})
+	t.Run("gone while waiting for the PUT lock", func(t *testing.T) {
+		em, _ := emulator.New(emulator.Options{AdminKey: key})
+		release := make(chan struct{})
+		f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPut {
+				<-release
+			}
+			em.ServeHTTP(w, r)
+		}), nil)
+		first := make(chan int, 1)
+		go func() {
+			first <- do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":1}`, withKey(map[string]string{"X-Digest": "a"})).status
+		}()
+		for len(f.rec.puts()) == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "PUT", f.url+"/apisix/admin/configs", strings.NewReader(`{"routes_conf_version":2}`))
+		req.Header.Set("X-API-KEY", key)
+		req.Header.Set("X-Digest", "b")
+		if _, err := http.DefaultClient.Do(req); err == nil {
+			t.Fatal("want the waiting client's own timeout")
+		}
+		close(release)
+		if got := <-first; got != http.StatusAccepted {
+			t.Fatalf("first PUT: %d", got)
+		}
+		deadline := time.Now().Add(2 * time.Second)
+		for testutil.ToFloat64(f.m.ClientDisconnects) < 1 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := len(f.rec.puts()); got != 1 {
+			t.Fatalf("the abandoned PUT reached APISIX: %d PUTs", got)
+		}
+	})
+}
+
+func TestPutForwardFailsAfterTheStateRead(t *testing.T) {
+	em, _ := emulator.New(emulator.Options{AdminKey: key})
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut {
+			conn, _, _ := http.NewResponseController(w).Hijack()
+			conn.(*net.TCPConn).SetLinger(0)
+			conn.Close()
+			return
+		}
+		em.ServeHTTP(w, r)
+	}), nil)
+	r := do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":1}`, withKey(map[string]string{"X-Digest": "d"}))
+	if r.status != http.StatusBadGateway || !strings.Contains(r.body, "PUT /apisix/admin/configs") {
+		t.Fatalf("got %d %s", r.status, r.body)
+	}
+	if got := testutil.ToFloat64(f.m.UpstreamErrors.WithLabelValues("reset")); got != 1 {
+		t.Fatalf("upstream errors{reset} = %v", got)
 	}
 }

@@ -476,6 +476,10 @@ func TestNewReportsEverySettingAtFault(t *testing.T) {
 			t.Fatalf("error %q does not name %s", err, name)
 		}
 	}
+	_, err = New(Config{Upstream: "https://x", MaxBodyBytes: 1, UpstreamTimeout: time.Second, UpstreamClientCertFile: "/nonexistent.pem", UpstreamClientKeyFile: "/nonexistent.key", Metrics: metrics.New(prometheus.NewRegistry(), "t")})
+	if err == nil || !strings.Contains(err.Error(), "--upstream-client-cert-file") {
+		t.Fatalf("an unreadable client certificate names its flag: %v", err)
+	}
 }
 
 func TestYAMLPuts(t *testing.T) {

@@ -84,3 +84,24 @@ func TestBadTLSFilesAreReportedBeforeListening(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 }
+
+func TestABrokenRotationKeepsThePreviousCertificate(t *testing.T) {
+	ca := testcerts.NewCA(t, "test-ca")
+	dir := t.TempDir()
+	pair := ca.Issue(t, "good")
+	certFile := testcerts.Write(t, dir, "tls.crt", pair.CertPEM)
+	keyFile := testcerts.Write(t, dir, "tls.key", pair.KeyPEM)
+	a, stop := startArgs(t, "--tls-cert-file", certFile, "--tls-key-file", keyFile)
+	defer stop()
+	testcerts.Write(t, dir, "tls.crt", []byte("not a certificate"))
+	time.Sleep(1100 * time.Millisecond) // past the reloader's once-a-second check
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}, DisableKeepAlives: true}}
+	resp, err := client.Head("https://" + a.proxy + "/apisix/admin")
+	if err != nil {
+		t.Fatalf("a broken rotation must keep serving the previous pair: %v", err)
+	}
+	resp.Body.Close()
+	if cn := resp.TLS.PeerCertificates[0].Subject.CommonName; cn != "good" {
+		t.Fatalf("serving %q", cn)
+	}
+}
