@@ -316,6 +316,9 @@ func (p *Proxy) Ready(ctx context.Context) bool {
 	if err != nil {
 		return false
 	}
+	if p.cfg.AdminKey != "" {
+		req.Header.Set("X-API-KEY", p.cfg.AdminKey) // APISIX needs none here; a stricter front may
+	}
 	resp, err := p.transport.RoundTrip(req)
 	if err != nil {
 		return false
