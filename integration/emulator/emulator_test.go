@@ -159,6 +159,17 @@ func TestSpecNormalFlow(t *testing.T) {
 			t.Fatalf("%q", body)
 		}
 	})
+	t.Run("YAML strings that look like other scalars are single-quoted", func(t *testing.T) {
+		em := newEm(t, "3.17.0")
+		expect(t, put(`{"routes":[{"id":"r1","uri":"/a","desc":"yes","name":"0755"}]}`, "q").do(t, em), 202, "")
+		resp := call{method: "GET", path: "/apisix/admin/configs", header: map[string]string{"Accept": "application/yaml"}}.do(t, em)
+		body := readAll(t, resp)
+		for _, want := range []string{"desc: 'yes'", "name: '0755'", "uri: /a", "X-Digest: q"} {
+			if !strings.Contains(body, want) {
+				t.Fatalf("YAML GET %q lacks %q", body, want)
+			}
+		}
+	})
 	t.Run("9 PUT YAML config2", func(t *testing.T) {
 		expect(t, putYAML("routes:\n  - id: r2\n    uri: /r2\n    upstream:\n      type: roundrobin\n      nodes:\n        \"127.0.0.1:1980\": 1\n", "2").do(t, em), 202, "")
 		doc, _ := getDoc(t, em)

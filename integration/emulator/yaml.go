@@ -3,6 +3,7 @@ package emulator
 import (
 	"fmt"
 	"math"
+	"regexp"
 	"sort"
 
 	yaml "gopkg.in/yaml.v2"
@@ -54,10 +55,20 @@ func fromYAML(v any) any {
 	}
 }
 
-// encodeYAML writes the document in block style, keys sorted, empty tables as {}.
+// encodeYAML writes the document in block style, keys sorted, empty tables as {},
+// and strings that look like other scalars single-quoted, as lyaml does (yaml.v2
+// double-quotes them).
 func encodeYAML(doc table) ([]byte, error) {
-	return yaml.Marshal(toYAML(doc))
+	out, err := yaml.Marshal(toYAML(doc))
+	if err != nil {
+		return nil, err
+	}
+	return doubleToSingle.ReplaceAll(out, []byte("$1'$2'")), nil
 }
+
+// doubleToSingle matches a double-quoted scalar at the end of a line that needs no
+// escape in single quotes.
+var doubleToSingle = regexp.MustCompile(`(?m)(: |- )"([^"\\']*)"$`)
 
 func toYAML(v any) any {
 	switch x := v.(type) {
