@@ -259,12 +259,8 @@ func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool) (*r
 		return nil, errStateStatus{http.MethodGet, resp.StatusCode}
 	}
 	body, err := readAllSized(resp, 4*p.cfg.MaxBodyBytes)
-	var tooBig errBadState
-	if errors.As(err, &tooBig) {
-		return nil, err
-	}
 	if err != nil {
-		return nil, err // the transport's error: no complete answer
+		return nil, err // errBadState (too big) or the transport's: no usable answer
 	}
 	st, err := rewrite.ParseState(body)
 	if err != nil {
