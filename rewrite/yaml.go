@@ -2,12 +2,12 @@ package rewrite
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"sort"
 	"strconv"
-	"unicode/utf8"
 
 	yaml "gopkg.in/yaml.v2"
 )
@@ -140,33 +140,8 @@ func appendYAMLValue(b *bytes.Buffer, v any, depth int) error {
 	return nil
 }
 
+// appendJSONString writes s as a JSON string (invalid UTF-8 becomes U+FFFD).
 func appendJSONString(b *bytes.Buffer, s string) {
-	const hex = "0123456789abcdef"
-	b.WriteByte('"')
-	for i := 0; i < len(s); {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-			i++
-		case c < 0x20:
-			b.WriteString(`\u00`)
-			b.WriteByte(hex[c>>4])
-			b.WriteByte(hex[c&0xf])
-			i++
-		case c < utf8.RuneSelf:
-			b.WriteByte(c)
-			i++
-		default:
-			r, size := utf8.DecodeRuneInString(s[i:])
-			if r == utf8.RuneError && size == 1 {
-				b.WriteString(`\ufffd`)
-			} else {
-				b.WriteString(s[i : i+size])
-			}
-			i += size
-		}
-	}
-	b.WriteByte('"')
+	quoted, _ := json.Marshal(s) // a string always marshals
+	b.Write(quoted)
 }
