@@ -53,10 +53,15 @@ func TestRecordedADCSequence(t *testing.T) {
 			t.Fatalf("02 through confshim: %d %q", status, hdr.Get("X-Confshim-Actions"))
 		}
 		mustContain(t, s.items(t, "upstreams"), "10.244.0.13") // 02's endpoint change landed
-		for _, name := range []string{"03-bypasscache-reinit-echoes-secrets", "04-route-change-untouched-sections-echo-cache"} {
-			b := body(name)
-			if status, hdr := rawPut(t, base, b, digest(b)); status != http.StatusAccepted {
-				t.Fatalf("%s: %d %q", name, status, hdr.Get("X-Confshim-Actions"))
+		// 03 re-sends what the data plane holds (plugin_metadata and upstreams
+		// re-stamped): settled, a no-op answered 204 (§8.1, §8.2); 04 changes a route.
+		for _, step := range []struct {
+			name string
+			want int
+		}{{"03-bypasscache-reinit-echoes-secrets", http.StatusNoContent}, {"04-route-change-untouched-sections-echo-cache", http.StatusAccepted}} {
+			b := body(step.name)
+			if status, hdr := rawPut(t, base, b, digest(b)); status != step.want {
+				t.Fatalf("%s: %d %q, want %d", step.name, status, hdr.Get("X-Confshim-Actions"), step.want)
 			}
 		}
 		mustContain(t, s.items(t, "secrets"), "vault/1")

@@ -8,9 +8,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/confshim/confshim/rewrite"
 )
 
-// Metrics are confshim's collectors (contract §7).
+// Metrics are confshim's collectors (contract §7, §8).
 type Metrics struct {
 	Requests          *prometheus.CounterVec
 	SectionRewrites   *prometheus.CounterVec
@@ -19,22 +21,32 @@ type Metrics struct {
 	ClientDisconnects prometheus.Counter
 	RequestDuration   *prometheus.HistogramVec
 	RewriteDuration   prometheus.Histogram
-	Passthrough       *prometheus.CounterVec
+	Untouched         *prometheus.CounterVec
 	Refused           *prometheus.CounterVec
+	NoopPuts          prometheus.Counter
+	ThinnedBytes      prometheus.Counter
+	Reseeds           *prometheus.CounterVec
+	ReseedDuration    prometheus.Histogram
 }
 
 // UpstreamErrorKinds are the values of confshim_upstream_errors_total{kind}.
 var UpstreamErrorKinds = []string{"unreachable", "timeout", "tls", "reset", "other"}
 
-// knownSections bound the section label: a client may send any *_conf_version key.
-var knownSections = []string{
-	"routes", "services", "upstreams", "consumers", "consumer_groups", "ssls",
-	"global_rules", "plugin_configs", "plugin_metadata", "protos", "secrets",
-	"stream_routes", "plugins",
-}
+// UntouchedReasons are the values of confshim_configs_put_untouched_total{reason}.
+var UntouchedReasons = []string{"refused", "encoded", "invalid"}
+
+// RefusedReasons are the values of confshim_refused_requests_total{reason}.
+var RefusedReasons = []string{"allow_cidrs", "upgrade", "body_budget", "unrepairable"}
+
+// ReseedResults are the values of confshim_reseeds_total{result}.
+var ReseedResults = []string{"restored", "failed", "skipped"}
+
+// Routes are the values of the route label.
+var Routes = []string{"configs_put", "passthrough"}
 
 // New registers confshim's collectors, the Go and process collectors and a build-info
-// gauge on reg.
+// gauge on reg. Every label value that alerts and dashboards use starts at 0, so that
+// rate() and absent() work from the first scrape.
 func New(reg prometheus.Registerer, version string) *Metrics {
 	const ns = "confshim"
 	m := &Metrics{
@@ -44,7 +56,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		}, []string{"method", "route", "code"}),
 		SectionRewrites: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "section_rewrites_total",
-			Help: "Sections changed in forwarded configs PUTs, by section and action (raised, bumped, preserved).",
+			Help: "Sections changed in forwarded configs PUTs, by section and action (raised, bumped, preserved, settled).",
 		}, []string{"section", "action"}),
 		ConflictRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "conflict_retries_total",
@@ -68,32 +80,74 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			Help:    "Time spent deciding on and rewriting one configs PUT body (no I/O).",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}),
-		Passthrough: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Untouched: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "configs_put_untouched_total",
-			Help: "Configs PUTs forwarded without a rewrite because confshim could not read them, by reason.",
+			Help: "Configs PUTs forwarded without a rewrite, by reason (refused: APISIX refused the caller; encoded; invalid: APISIX rejects the body itself).",
 		}, []string{"reason"}),
+		Refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "refused_requests_total",
+			Help: "Requests confshim answered itself without forwarding, by reason (allow_cidrs, upgrade, body_budget, unrepairable).",
+		}, []string{"reason"}),
+		NoopPuts: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "noop_puts_total",
+			Help: "Configs PUTs that changed nothing on the data plane and were answered 204 with its own digest.",
+		}),
+		ThinnedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "thinned_bytes_total",
+			Help: "Bytes of unchanged sections' items left out of forwarded configs PUTs (APISIX does not re-validate them).",
+		}),
+		Reseeds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "reseeds_total",
+			Help: "Re-seeds of a data plane found empty, by result (restored, failed, skipped).",
+		}, []string{"result"}),
+		ReseedDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Name: "reseed_duration_seconds",
+			Help:    "Time from finding the data plane empty to its configuration restored.",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2, 5, 10, 30},
+		}),
 	}
-	m.Refused = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Name: "refused_requests_total",
-		Help: "Requests confshim refused before the Admin API, by reason (allow_cidrs, upgrade).",
-	}, []string{"reason"})
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ns, Name: "build_info",
 		Help: "A constant 1, labelled with confshim's version and the Go version that built it.",
 	}, []string{"version", "goversion"})
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Requests, m.SectionRewrites, m.ConflictRetries, m.UpstreamErrors,
-		m.ClientDisconnects, m.RequestDuration, m.RewriteDuration, m.Passthrough, m.Refused, buildInfo,
+		m.ClientDisconnects, m.RequestDuration, m.RewriteDuration, m.Untouched, m.Refused,
+		m.NoopPuts, m.ThinnedBytes, m.Reseeds, m.ReseedDuration, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, k := range UpstreamErrorKinds {
-		m.UpstreamErrors.WithLabelValues(k) // exported at 0 so that rate() works from the start
+		m.UpstreamErrors.WithLabelValues(k)
+	}
+	for _, r := range UntouchedReasons {
+		m.Untouched.WithLabelValues(r)
+	}
+	for _, r := range RefusedReasons {
+		m.Refused.WithLabelValues(r)
+	}
+	for _, r := range ReseedResults {
+		m.Reseeds.WithLabelValues(r)
+	}
+	for _, s := range append(slices.Clone(rewrite.KnownSections), "other") {
+		for _, a := range rewrite.Actions {
+			m.SectionRewrites.WithLabelValues(s, string(a))
+		}
+	}
+	for _, route := range Routes {
+		m.RequestDuration.WithLabelValues(route)
+		for _, code := range []string{"200", "202", "204", "400", "401", "403", "413", "502", "503", "504"} {
+			method := "GET"
+			if route == "configs_put" {
+				method = "PUT"
+			}
+			m.Requests.WithLabelValues(method, route, code)
+		}
 	}
 	return m
 }
 
 // SectionLabel bounds the section label to APISIX's known sections plus "other".
 func SectionLabel(section string) string {
-	if slices.Contains(knownSections, section) {
+	if slices.Contains(rewrite.KnownSections, section) {
 		return section
 	}
 	return "other"

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
@@ -22,43 +21,74 @@ type dataPlane struct {
 	state        *rewrite.State
 	digest       string // X-Digest and X-Last-Modified the state belongs to
 	lastModified string
-	noHead       bool // HEAD /apisix/admin/configs answered 404: APISIX 3.13, read with GET
 	record       *rewrite.Record
 }
 
-// errRefused: APISIX refused confshim's state read (401/403) with the caller's key.
-type errRefused struct{ status int }
+// RefusedError: APISIX refused a request confshim made with the caller's credentials
+// (401/403); the caller's PUT then goes to APISIX untouched, to be refused in its words.
+type RefusedError struct{ Status int }
 
-func (e errRefused) Error() string { return fmt.Sprintf("state read refused with %d", e.status) }
+func (e RefusedError) Error() string { return fmt.Sprintf("state read refused with %d", e.Status) }
 
-// errStateStatus: APISIX answered the state read with an unexpected status.
-type errStateStatus struct {
-	method string
-	status int
+// StateStatusError: APISIX answered a state read with an unexpected status.
+type StateStatusError struct {
+	Method string
+	Status int
 }
 
-func (e errStateStatus) Error() string {
-	return fmt.Sprintf("%s %s answered %d", e.method, ConfigsPath, e.status)
+func (e StateStatusError) Error() string {
+	return fmt.Sprintf("%s %s answered %d", e.Method, ConfigsPath, e.Status)
 }
+
+// BadStateError: APISIX answered the state read, but not with a usable document.
+type BadStateError struct{ Err error }
+
+func (e BadStateError) Error() string { return e.Err.Error() }
 
 const conflictMessage = "_conf_version must be greater than or equal to"
 
-// putConfigs is contract §5: read the body, read the data plane's state, decide,
-// forward one complete PUT, retry once on a version conflict, answer with APISIX's
-// response plus X-Confshim-Actions.
+// Reasons a configs PUT is forwarded untouched (confshim_configs_put_untouched_total).
+const (
+	untouchedRefused = "refused" // APISIX refused the caller's credentials
+	untouchedEncoded = "encoded" // a Content-Encoding confshim does not decode (APISIX neither)
+	untouchedInvalid = "invalid" // not parseable, or a non-numeric version: APISIX rejects it whole
+)
+
+// putConfigs is contract §5 and §8: ask APISIX whether the caller may write before
+// buffering anything, read the body within the memory budget, decide, forward one
+// complete PUT, retry once on a version conflict, answer with APISIX's response plus
+// X-Confshim-Actions.
 func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
+	creds := credentialsOf(r)
+	probe, err := p.probe(r.Context(), creds)
+	var refused RefusedError
+	switch {
+	case errors.As(err, &refused):
+		// §5.7: a caller APISIX refuses costs no more than a plain proxy would.
+		p.m.Untouched.WithLabelValues(untouchedRefused).Inc()
+		p.passthrough(w, r)
+		return
+	case err != nil:
+		p.stateReadFailed(w, r, err)
+		return
+	}
+
 	body, release, ok := p.readBody(w, r)
 	if !ok {
 		return
 	}
-	defer release()
+	var sent []<-chan struct{} // the transport may still read our buffers until these close
+	defer func() { go func() { waitAll(sent); release() }() }()
 
-	// Validate and scan before taking the lock: concurrent clients do it in parallel.
+	// Scan before taking the lock: concurrent clients do it in parallel.
 	start := time.Now()
-	prepared, isYAML, untouched, refuse := p.prepare(r, body)
+	prepared, untouched, err := p.prepare(r, body)
 	prepareTime := time.Since(start)
-	if refuse {
-		p.writeError(w, http.StatusBadRequest, "the configuration must be an object: APISIX would read this body as {} and delete every section")
+	var refuse *rewrite.RefuseError
+	if errors.As(err, &refuse) {
+		p.m.Refused.WithLabelValues("unrepairable").Inc()
+		p.log.Info().Str("event", "refused").Str("reason", refuse.Reason).Msg("configs PUT refused; nothing forwarded")
+		p.writeError(w, http.StatusBadRequest, refuse.Reason)
 		return
 	}
 
@@ -68,6 +98,7 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 		defer func() { <-p.putLock }()
 	case <-r.Context().Done():
 		p.m.ClientDisconnects.Inc()
+		w.WriteHeader(statusClientGone)
 		return
 	}
 
@@ -75,29 +106,37 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 	if v := r.Header.Values("X-Digest"); len(v) > 0 {
 		in.Digest, in.HasDigest = v[0], true
 	}
-	creds := credentialsOf(r, p.cfg.AdminKey)
 	for attempt := 0; ; attempt++ {
 		var res *rewrite.Result
 		if untouched == "" {
-			var err error
-			res, untouched, err = p.decide(r, creds, prepared, prepareTime, in, attempt > 0)
+			res, untouched, err = p.decideUnderLock(r, creds, probe, prepared, prepareTime, in, attempt > 0)
+			probe = nil // used once: a retry reads the state afresh
+			if errors.As(err, &refuse) {
+				p.m.Refused.WithLabelValues("unrepairable").Inc()
+				p.writeError(w, http.StatusBadRequest, refuse.Reason)
+				return
+			}
 			if err != nil {
 				p.stateReadFailed(w, r, err)
 				return
 			}
 		}
 		if untouched != "" {
-			p.m.Passthrough.WithLabelValues(untouched).Inc()
+			p.m.Untouched.WithLabelValues(untouched).Inc()
 		}
-		resp, respBody, err := p.forwardPut(r, in, res, isYAML)
+		out := p.outgoing(in, res, isYAML(r))
+		resp, respBody, done, err := p.forwardPut(r, out)
+		sent = append(sent, done)
 		if res != nil && res.Changed {
 			buf := res.Body[:0]
-			defer p.putBuf(&buf)
+			sentNow := done
+			defer func() { go func() { <-sentNow; p.putBuf(&buf) }() }()
 		}
 		if err != nil {
 			p.upstreamFailed(w, r, err, "PUT "+ConfigsPath)
 			return
 		}
+		p.writes.Add(1)
 		if resp.StatusCode == http.StatusBadRequest && bytes.Contains(respBody, []byte(conflictMessage)) {
 			p.dp.state = nil // something wrote in between: never trust the cache again
 			if res != nil && attempt == 0 {
@@ -107,49 +146,52 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 				continue
 			}
 		}
-		p.remember(resp, res)
+		p.count(res, out, resp)
+		p.remember(resp, res, creds, out)
 		p.respond(w, resp, respBody, res)
 		return
 	}
 }
 
-// prepare reads the body without any state: it returns the prepared body, whether it
-// came as YAML, the reason to forward it untouched ("encoded", "invalid"), or refuse
-// for a body that parses but is not an object.
-func (p *Proxy) prepare(r *http.Request, body []byte) (prepared *rewrite.Prepared, isYAML bool, untouched string, refuse bool) {
+func isYAML(r *http.Request) bool {
+	return strings.HasPrefix(r.Header.Get("Content-Type"), "application/yaml") // APISIX's test, §1.3
+}
+
+func waitAll(chans []<-chan struct{}) {
+	for _, c := range chans {
+		<-c
+	}
+}
+
+// prepare scans the body without any state: it returns the prepared body, or the
+// reason to forward it untouched, or a *rewrite.RefuseError.
+func (p *Proxy) prepare(r *http.Request, body []byte) (*rewrite.Prepared, string, error) {
 	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
 		// APISIX does not decode request bodies either; decoding here would change what
 		// it decides. Forwarded untouched, header and body still match.
-		p.log.Info().Str("event", "forward_untouched").Str("reason", "content-encoding "+enc).Msg("configs PUT not rewritten; APISIX will judge it")
-		return nil, false, "encoded", false
+		p.log.Info().Str("event", "forward_untouched").Str("reason", "content-encoding").Msg("configs PUT not rewritten; APISIX will judge it")
+		return nil, untouchedEncoded, nil
 	}
-	jsonBody := body
-	isYAML = strings.HasPrefix(r.Header.Get("Content-Type"), "application/yaml") // APISIX's test, §1.3
-	var err error
-	if isYAML {
-		jsonBody, err = rewrite.YAMLToJSON(body)
+	prepare := p.rw.Prepare
+	if isYAML(r) {
+		prepare = p.rw.PrepareYAML
 	}
-	if err == nil {
-		prepared, err = p.rw.Prepare(jsonBody)
-	}
+	prepared, err := prepare(body)
 	var skip *rewrite.SkipError
-	switch {
-	case errors.Is(err, rewrite.ErrNotObject):
-		return nil, isYAML, "", true
-	case errors.As(err, &skip):
+	if errors.As(err, &skip) {
 		p.log.Info().Str("event", "forward_untouched").Str("reason", skip.Reason).Msg("configs PUT not rewritten; APISIX will judge it")
-		return nil, isYAML, "invalid", false
+		return nil, untouchedInvalid, nil
 	}
-	return prepared, isYAML, "", false
+	return prepared, "", err
 }
 
-// decide reads the data plane's state and runs the rewrite. It returns the reason to
-// forward untouched instead ("refused", "invalid", "overflow") when there is one.
-func (p *Proxy) decide(r *http.Request, creds credentials, prepared *rewrite.Prepared, prepareTime time.Duration, in rewrite.Input, fresh bool) (*rewrite.Result, string, error) {
-	st, err := p.stateFor(r.Context(), creds, fresh)
-	var refused errRefused
+// decideUnderLock reads the data plane's state and runs the rewrite. It returns the
+// reason to forward untouched instead when there is one.
+func (p *Proxy) decideUnderLock(r *http.Request, creds credentials, probe *probeResult, prepared *rewrite.Prepared, prepareTime time.Duration, in rewrite.Input, fresh bool) (*rewrite.Result, string, error) {
+	st, err := p.stateFor(r.Context(), creds, probe, fresh)
+	var refused RefusedError
 	if errors.As(err, &refused) {
-		return nil, "refused", nil // APISIX will refuse the PUT itself, in its own words
+		return nil, untouchedRefused, nil // APISIX will refuse the PUT itself, in its own words
 	}
 	if err != nil {
 		return nil, "", err
@@ -160,10 +202,10 @@ func (p *Proxy) decide(r *http.Request, creds credentials, prepared *rewrite.Pre
 	start := time.Now()
 	res, err := p.rw.Decide(prepared, in)
 	if errors.Is(err, rewrite.ErrStateIncomplete) {
-		if st, err = p.stateFor(r.Context(), creds, true); err != nil {
+		if st, err = p.stateFor(r.Context(), creds, nil, true); err != nil {
 			p.putBuf(buf)
 			if errors.As(err, &refused) {
-				return nil, "refused", nil
+				return nil, untouchedRefused, nil
 			}
 			return nil, "", err
 		}
@@ -179,23 +221,26 @@ func (p *Proxy) decide(r *http.Request, creds credentials, prepared *rewrite.Pre
 	switch {
 	case errors.As(err, &skip):
 		p.log.Info().Str("event", "forward_untouched").Str("reason", skip.Reason).Msg("configs PUT not rewritten; APISIX will judge it")
-		return nil, "invalid", nil
+		return nil, untouchedInvalid, nil
 	case err != nil:
 		return nil, "", err
 	}
-	if res.Changed {
+	if len(res.Changes) > 0 {
 		p.logDecision(res)
-		for _, c := range res.Changes {
-			p.m.SectionRewrites.WithLabelValues(metrics.SectionLabel(c.Section), string(c.Action)).Inc()
-		}
 	}
 	return res, "", nil
 }
 
+// maxLoggedSections bounds a decision's log line (§5.7): a body may name thousands.
+const maxLoggedSections = 32
+
 func (p *Proxy) logDecision(res *rewrite.Result) {
 	arr := zerolog.Arr()
-	for _, c := range res.Changes {
-		d := zerolog.Dict().Str("section", c.Section).Str("action", string(c.Action)).Float64("to", c.To)
+	for i, c := range res.Changes {
+		if i == maxLoggedSections {
+			break
+		}
+		d := zerolog.Dict().Str("section", rewrite.Clip(c.Section)).Str("action", string(c.Action)).Float64("to", c.To)
 		if !c.FromAbsent {
 			d = d.Float64("from", c.From)
 		}
@@ -204,20 +249,19 @@ func (p *Proxy) logDecision(res *rewrite.Result) {
 		}
 		arr = arr.Dict(d)
 	}
-	p.log.Info().Str("event", "rewrite").Str("actions", res.Actions()).Array("sections", arr).Msg("configs PUT repaired")
+	ev := p.log.Info().Str("event", "rewrite").Int("sections_changed", len(res.Changes)).Array("sections", arr)
+	if len(res.Thinned) > 0 {
+		ev = ev.Int("sections_thinned", len(res.Thinned)).Int("thinned_bytes", res.ThinnedBytes)
+	}
+	ev.Bool("noop", res.NoOp).Msg("configs PUT repaired")
 }
-
-// errBadState: APISIX answered the state read, but not with a usable document.
-type errBadState struct{ err error }
-
-func (e errBadState) Error() string { return e.err.Error() }
 
 // stateReadFailed answers a PUT whose data plane state could not be read: nothing was
 // forwarded. An answer APISIX gave but confshim cannot use is a 502; no answer at all
 // is classified like any upstream failure (502, or 504 on a timeout).
 func (p *Proxy) stateReadFailed(w http.ResponseWriter, r *http.Request, err error) {
-	var status errStateStatus
-	var bad errBadState
+	var status StateStatusError
+	var bad BadStateError
 	if errors.As(err, &status) || errors.As(err, &bad) {
 		p.m.UpstreamErrors.WithLabelValues("other").Inc()
 		p.writeError(w, http.StatusBadGateway, "cannot read the data plane's state: "+err.Error()+"; nothing was forwarded")
@@ -226,56 +270,118 @@ func (p *Proxy) stateReadFailed(w http.ResponseWriter, r *http.Request, err erro
 	p.upstreamFailed(w, r, err, "read the data plane's state before the PUT; nothing was forwarded")
 }
 
-// stateFor returns the data plane's state, revalidating the cached copy with a HEAD
-// (APISIX ≥ 3.14) and reading it with GET when it changed, is unknown, or fresh is set.
-func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool) (*rewrite.State, error) {
-	if !fresh && p.dp.state != nil && !p.dp.noHead {
+// probeResult is APISIX's answer to the caller's credentials, asked before the body
+// is read: HEAD /apisix/admin/configs (≥ 3.14), or the state itself by GET (3.13).
+type probeResult struct {
+	writes       uint64 // Proxy.writes when the probe ran: a probe from before another PUT is stale
+	head         bool
+	digest       string
+	lastModified string
+	state        *rewrite.State // 3.13: the GET's state
+}
+
+// probe asks APISIX whether the caller may read the configuration, with exactly the
+// credentials the PUT carries. A refusal is a RefusedError.
+func (p *Proxy) probe(ctx context.Context, creds credentials) (*probeResult, error) {
+	writes := p.writes.Load()
+	if !p.noHead.Load() {
 		resp, err := p.sideRequest(ctx, http.MethodHead, creds)
 		if err != nil {
 			return nil, err
 		}
 		resp.Body.Close()
-		switch {
-		case resp.StatusCode == http.StatusOK:
-			if resp.Header.Get("X-Digest") == p.dp.digest && resp.Header.Get("X-Last-Modified") == p.dp.lastModified {
-				return p.dp.state, nil
+		switch resp.StatusCode {
+		case http.StatusOK:
+			return &probeResult{writes: writes, head: true, digest: resp.Header.Get("X-Digest"), lastModified: resp.Header.Get("X-Last-Modified")}, nil
+		case http.StatusUnauthorized, http.StatusForbidden:
+			return nil, RefusedError{resp.StatusCode}
+		case http.StatusNotFound, http.StatusMethodNotAllowed:
+			if resp.StatusCode == http.StatusNotFound {
+				p.noHead.Store(true) // APISIX 3.13: no HEAD on /configs
+				p.log.Info().Str("event", "no_head").Msg("the data plane has no HEAD /apisix/admin/configs (APISIX 3.13): state reads use GET, re-seeding is off")
 			}
-		case resp.StatusCode == http.StatusNotFound:
-			p.dp.noHead = true
-		case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
-			return nil, errRefused{resp.StatusCode}
+		default:
+			return &probeResult{writes: writes}, nil // the state read under the lock decides
 		}
-		// anything else (a changed state, an odd status): the GET below decides
 	}
-	resp, err := p.sideRequest(ctx, http.MethodGet, creds)
+	st, digest, lastModified, err := p.readState(ctx, creds)
 	if err != nil {
 		return nil, err
+	}
+	return &probeResult{writes: writes, state: st, digest: digest, lastModified: lastModified}, nil
+}
+
+// stateFor returns the data plane's state under the PUT lock: the cached copy when a
+// HEAD (the probe's, if no PUT went through since) shows nobody wrote since it was
+// read, otherwise a GET.
+func (p *Proxy) stateFor(ctx context.Context, creds credentials, probe *probeResult, fresh bool) (*rewrite.State, error) {
+	if probe != nil && probe.writes != p.writes.Load() {
+		probe = nil // another PUT went through meanwhile
+	}
+	if !fresh && probe != nil && probe.state != nil {
+		p.setState(probe.state, probe.digest, probe.lastModified)
+		return probe.state, nil
+	}
+	if !fresh && p.dp.state != nil && !p.noHead.Load() {
+		if probe == nil || !probe.head {
+			resp, err := p.sideRequest(ctx, http.MethodHead, creds)
+			if err != nil {
+				return nil, err
+			}
+			resp.Body.Close()
+			switch resp.StatusCode {
+			case http.StatusOK:
+				probe = &probeResult{head: true, digest: resp.Header.Get("X-Digest"), lastModified: resp.Header.Get("X-Last-Modified")}
+			case http.StatusUnauthorized, http.StatusForbidden:
+				return nil, RefusedError{resp.StatusCode}
+			}
+		}
+		// anything but a match (a changed state, an odd status): the GET below decides
+		if probe != nil && probe.head && probe.digest == p.dp.digest && probe.lastModified == p.dp.lastModified {
+			return p.dp.state, nil
+		}
+	}
+	st, digest, lastModified, err := p.readState(ctx, creds)
+	if err != nil {
+		return nil, err
+	}
+	p.setState(st, digest, lastModified)
+	return st, nil
+}
+
+func (p *Proxy) setState(st *rewrite.State, digest, lastModified string) {
+	p.dp.state, p.dp.digest, p.dp.lastModified = st, digest, lastModified
+}
+
+// readState is GET /apisix/admin/configs with the caller's credentials.
+func (p *Proxy) readState(ctx context.Context, creds credentials) (*rewrite.State, string, string, error) {
+	resp, err := p.sideRequest(ctx, http.MethodGet, creds)
+	if err != nil {
+		return nil, "", "", err
 	}
 	defer resp.Body.Close()
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
-		return nil, errRefused{resp.StatusCode}
+		return nil, "", "", RefusedError{resp.StatusCode}
 	case resp.StatusCode != http.StatusOK:
-		return nil, errStateStatus{http.MethodGet, resp.StatusCode}
+		return nil, "", "", StateStatusError{http.MethodGet, resp.StatusCode}
 	}
 	body, err := readAllSized(resp, 4*p.cfg.MaxBodyBytes)
 	if err != nil {
-		return nil, err // errBadState (too big) or the transport's: no usable answer
+		return nil, "", "", err // BadStateError (too big) or the transport's: no usable answer
 	}
 	st, err := rewrite.ParseState(body)
 	if err != nil {
-		return nil, errBadState{err}
+		return nil, "", "", BadStateError{err}
 	}
-	p.dp.state = st
-	p.dp.digest, p.dp.lastModified = resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified")
-	return st, nil
+	return st, resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified"), nil
 }
 
 // readAllSized reads a response body of at most limit bytes, in one allocation when
 // the length is announced (io.ReadAll's doubling would leave twice the state as garbage).
 func readAllSized(resp *http.Response, limit int64) ([]byte, error) {
 	if resp.ContentLength > limit {
-		return nil, errBadState{fmt.Errorf("data plane state is over %d bytes", limit)}
+		return nil, BadStateError{fmt.Errorf("data plane state is over %d bytes", limit)}
 	}
 	if resp.ContentLength > 0 {
 		body := make([]byte, resp.ContentLength)
@@ -284,16 +390,16 @@ func readAllSized(resp *http.Response, limit int64) ([]byte, error) {
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err == nil && int64(len(body)) > limit {
-		return nil, errBadState{fmt.Errorf("data plane state is over %d bytes", limit)}
+		return nil, BadStateError{fmt.Errorf("data plane state is over %d bytes", limit)}
 	}
 	return body, err
 }
 
-// sideRequest is a request confshim makes itself, with the caller's credentials in the
-// form the caller sent them, bounded by --upstream-timeout.
+// sideRequest is a request confshim makes for a caller, with the caller's credentials
+// exactly as sent, bounded by --upstream-timeout.
 func (p *Proxy) sideRequest(ctx context.Context, method string, creds credentials) (*http.Response, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.UpstreamTimeout)
-	req, err := http.NewRequestWithContext(ctx, method, p.upstreamURL(ConfigsPath, creds.query()), nil)
+	req, err := http.NewRequestWithContext(ctx, method, p.upstreamURL(ConfigsPath, creds.rawQuery), nil)
 	if err != nil {
 		cancel()
 		return nil, err
@@ -321,34 +427,55 @@ func (c cancelOnClose) Close() error {
 	return err
 }
 
-// forwardPut sends one complete PUT: the rewritten body, or the client's bytes. For a
-// 400 it also returns the (bounded) body, to recognise a version conflict.
-func (p *Proxy) forwardPut(r *http.Request, in rewrite.Input, res *rewrite.Result, fromYAML bool) (*http.Response, []byte, error) {
-	body := in.Body
-	if res != nil && res.Changed {
-		body = res.Body
+// outgoingPut is the PUT confshim forwards: the body and the X-Digest to send.
+type outgoingPut struct {
+	body        []byte
+	digest      string
+	setDigest   bool
+	noop        bool // the data plane's own digest, so that APISIX answers 204 (§8.2)
+	contentType string
+}
+
+// outgoing builds what to forward: the client's bytes, or the rewritten ones.
+func (p *Proxy) outgoing(in rewrite.Input, res *rewrite.Result, yaml bool) outgoingPut {
+	out := outgoingPut{body: in.Body}
+	if res == nil || !res.Changed {
+		return out
 	}
+	out.body = res.Body
+	if in.HasDigest {
+		out.digest, out.setDigest = res.Digest, true
+		if res.NoOp && p.dp.digest != "" {
+			out.digest, out.noop = p.dp.digest, true
+		}
+	}
+	return out
+}
+
+// forwardPut sends one complete PUT. For a 400 it also returns the (bounded) body, to
+// recognise a version conflict. done closes when the transport let go of the body.
+func (p *Proxy) forwardPut(r *http.Request, out outgoingPut) (*http.Response, []byte, <-chan struct{}, error) {
+	body := newSentBody(out.body)
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
-	out, err := http.NewRequestWithContext(ctx, http.MethodPut, p.forwardURL(r), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, p.forwardURL(r), body)
 	if err != nil {
 		cancel()
-		return nil, nil, err
+		body.Close()
+		return nil, nil, body.done, err
 	}
-	out.Header = r.Header.Clone()
-	removeHopHeaders(out.Header)
-	out.Header.Del("Expect")
-	out.Header.Del("Content-Length")
-	if res != nil && res.Changed && in.HasDigest {
-		out.Header.Del("X-Digest")
-		out.Header.Set("X-Digest", res.Digest)
+	req.ContentLength = int64(len(out.body))
+	req.Header = r.Header.Clone()
+	removeHopHeaders(req.Header)
+	req.Header.Del("Expect")
+	req.Header.Del("Content-Length")
+	if out.setDigest {
+		req.Header.Del("X-Digest")
+		req.Header.Set("X-Digest", out.digest)
 	}
-	if res != nil && res.Changed && fromYAML {
-		out.Header.Set("Content-Type", "application/json") // the repaired YAML goes as JSON
-	}
-	resp, err := p.transport.RoundTrip(out)
+	resp, err := p.transport.RoundTrip(req)
 	if err != nil {
 		cancel()
-		return nil, nil, err
+		return nil, nil, body.done, err
 	}
 	p.sawUpstream()
 	resp.Body = cancelOnClose{resp.Body, cancel}
@@ -357,10 +484,31 @@ func (p *Proxy) forwardPut(r *http.Request, in rewrite.Input, res *rewrite.Resul
 		head, err = io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		if err != nil {
 			resp.Body.Close()
-			return nil, nil, err
+			return nil, nil, body.done, err
 		}
 	}
-	return resp, head, nil
+	return resp, head, body.done, nil
+}
+
+// sentBody is a request body that says when the transport closed it: only then may
+// its pooled buffer be reused (RoundTrip can return while the body is still being
+// written, when APISIX answers early).
+type sentBody struct {
+	*bytes.Reader
+	done   chan struct{}
+	closed bool
+}
+
+func newSentBody(b []byte) *sentBody {
+	return &sentBody{Reader: bytes.NewReader(b), done: make(chan struct{})}
+}
+
+func (s *sentBody) Close() error {
+	if !s.closed {
+		s.closed = true
+		close(s.done)
+	}
+	return nil
 }
 
 func (p *Proxy) forwardURL(r *http.Request) string {
@@ -371,8 +519,22 @@ func (p *Proxy) forwardURL(r *http.Request) string {
 	return u.String()
 }
 
+// count feeds the decision's metrics once APISIX answered.
+func (p *Proxy) count(res *rewrite.Result, out outgoingPut, resp *http.Response) {
+	if res == nil {
+		return
+	}
+	for _, c := range res.Changes {
+		p.m.SectionRewrites.WithLabelValues(metrics.SectionLabel(c.Section), string(c.Action)).Inc()
+	}
+	p.m.ThinnedBytes.Add(float64(res.ThinnedBytes))
+	if out.noop && resp.StatusCode == http.StatusNoContent {
+		p.m.NoopPuts.Inc()
+	}
+}
+
 // remember updates confshim's record and cached state after APISIX answered.
-func (p *Proxy) remember(resp *http.Response, res *rewrite.Result) {
+func (p *Proxy) remember(resp *http.Response, res *rewrite.Result, creds credentials, out outgoingPut) {
 	switch {
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
 		return // nothing was stored: the record still describes the data plane
@@ -382,15 +544,15 @@ func (p *Proxy) remember(resp *http.Response, res *rewrite.Result) {
 		p.dp.record = res.Commit(true) // same digest: the data plane already held this
 	default:
 		p.dp.record = res.Commit(false)
-		p.dp.digest, p.dp.lastModified = resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified")
 		p.dp.state = nil
-		if p.dp.digest != "" && p.dp.lastModified != "" {
-			p.dp.state = res.AppliedState() // the next HEAD confirms nobody wrote since
+		if d, lm := resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified"); d != "" && lm != "" {
+			p.setState(res.AppliedState(), d, lm) // the next HEAD confirms nobody wrote since
 		}
 	}
 }
 
-// respond writes APISIX's answer, plus X-Confshim-Actions when the body was rewritten.
+// respond writes APISIX's answer, plus X-Confshim-Actions when sections were rewritten
+// (never on APISIX's refusal of the caller: that would tell a stranger the decision).
 func (p *Proxy) respond(w http.ResponseWriter, resp *http.Response, head []byte, res *rewrite.Result) {
 	defer resp.Body.Close()
 	h := w.Header()
@@ -398,7 +560,8 @@ func (p *Proxy) respond(w http.ResponseWriter, resp *http.Response, head []byte,
 		h[k] = v
 	}
 	removeHopHeaders(h)
-	if res != nil && res.Changed {
+	refused := resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden
+	if res != nil && len(res.Changes) > 0 && !refused {
 		h.Set("X-Confshim-Actions", res.Actions())
 	}
 	w.WriteHeader(resp.StatusCode)
@@ -406,116 +569,4 @@ func (p *Proxy) respond(w http.ResponseWriter, resp *http.Response, head []byte,
 		_, _ = w.Write(head)
 	}
 	_, _ = io.Copy(w, resp.Body)
-}
-
-// readBody reads the request body into a pooled buffer, at most --max-body-bytes.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, func(), bool) {
-	max := p.cfg.MaxBodyBytes
-	if r.ContentLength > max {
-		p.writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body of %d bytes is over --max-body-bytes (%d)", r.ContentLength, max))
-		return nil, nil, false
-	}
-	bufp := p.getBuf()
-	buf := bytes.NewBuffer((*bufp)[:0])
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength) + 1)
-	}
-	_, err := buf.ReadFrom(io.LimitReader(r.Body, max+1))
-	*bufp = buf.Bytes()
-	release := func() { p.putBuf(bufp) }
-	switch {
-	case err != nil:
-		release()
-		if r.Context().Err() != nil || errors.Is(err, io.ErrUnexpectedEOF) {
-			p.m.ClientDisconnects.Inc()
-			w.WriteHeader(499)
-			return nil, nil, false
-		}
-		p.writeError(w, http.StatusBadRequest, "cannot read the request body")
-		return nil, nil, false
-	case int64(buf.Len()) > max:
-		release()
-		p.writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over --max-body-bytes (%d)", max))
-		return nil, nil, false
-	}
-	return buf.Bytes(), release, true
-}
-
-// buffers is a small free list of body-sized buffers. sync.Pool empties itself at
-// every GC, which at tens of megabytes per PUT means allocating and zeroing a new
-// buffer each time; this list keeps at most cap(buffers) of them alive.
-type buffers chan *[]byte
-
-func (p *Proxy) getBuf() *[]byte {
-	select {
-	case b := <-p.bufs:
-		return b
-	default:
-		b := make([]byte, 0, 64<<10)
-		return &b
-	}
-}
-
-func (p *Proxy) putBuf(b *[]byte) {
-	*b = (*b)[:0]
-	select {
-	case p.bufs <- b:
-	default: // the list is full: let the GC have it
-	}
-}
-
-// hop-by-hop headers (RFC 9110 §7.6.1), never forwarded.
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
-func removeHopHeaders(h http.Header) {
-	for _, f := range h.Values("Connection") {
-		for _, name := range strings.Split(f, ",") {
-			if name = strings.TrimSpace(name); name != "" {
-				h.Del(name)
-			}
-		}
-	}
-	for _, name := range hopHeaders {
-		h.Del(name)
-	}
-}
-
-// credentials are the caller's admin key, in the form the caller sent it (contract §5.4).
-type credentials struct {
-	header   []string
-	apiKey   string
-	hasQuery bool
-	cookie   string
-	hasCook  bool
-}
-
-func credentialsOf(r *http.Request, adminKey string) credentials {
-	var c credentials
-	c.header = r.Header.Values("X-API-KEY")
-	if q := r.URL.Query(); q.Has("api_key") {
-		c.apiKey, c.hasQuery = q.Get("api_key"), true
-	}
-	if ck, err := r.Cookie("x_api_key"); err == nil {
-		c.cookie, c.hasCook = ck.Value, true
-	}
-	if len(c.header) == 0 && !c.hasQuery && !c.hasCook && adminKey != "" {
-		c.header = []string{adminKey}
-	}
-	return c
-}
-
-func (c credentials) query() string {
-	if !c.hasQuery {
-		return ""
-	}
-	return "api_key=" + url.QueryEscape(c.apiKey)
-}
-
-func (c credentials) apply(req *http.Request) {
-	for _, v := range c.header {
-		req.Header.Add("X-API-KEY", v)
-	}
-	if c.hasCook {
-		req.AddCookie(&http.Cookie{Name: "x_api_key", Value: c.cookie})
-	}
 }

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -30,8 +31,9 @@ func (t handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // fakeDataPlane holds a fixed state and records the PUTs it receives.
 type fakeDataPlane struct {
-	mu   sync.Mutex
-	puts [][]byte
+	mu      sync.Mutex
+	puts    [][]byte
+	digests []string
 }
 
 const fuzzState = `{"routes_conf_version":7,"routes":[{"id":"r1","uri":"\/a"}],"secrets_conf_version":2,"secrets":[{"id":"v\/1"}],"upstreams_conf_version":3,"X-Digest":"s","X-Last-Modified":1}`
@@ -44,6 +46,7 @@ func (d *fakeDataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		d.mu.Lock()
 		d.puts = append(d.puts, b)
+		d.digests = append(d.digests, r.Header.Get("X-Digest"))
 		d.mu.Unlock()
 		w.WriteHeader(http.StatusAccepted)
 	case http.MethodGet:
@@ -52,8 +55,9 @@ func (d *fakeDataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // FuzzProxyPut drives the configs PUT handler with any body: no panic; at most one PUT
-// reaches the data plane; a body that is not repaired is forwarded byte for byte; a
-// repaired one is valid JSON.
+// reaches the data plane; a body that is not rewritten is forwarded byte for byte with
+// the client's digest; a rewritten one is valid JSON (or YAML that scans again) and
+// carries another digest.
 func FuzzProxyPut(f *testing.F) {
 	paths, _ := filepath.Glob("../testdata/rewrite/*.txtar")
 	for _, p := range paths {
@@ -95,13 +99,19 @@ func FuzzProxyPut(f *testing.F) {
 			}
 			return
 		}
-		sent := dp.puts[0]
-		repaired := rec.Header().Get("X-Confshim-Actions") != ""
+		sent, digest := dp.puts[0], dp.digests[0]
+		rewritten := digest != "d"
 		switch {
-		case !repaired && !bytes.Equal(sent, body):
-			t.Fatalf("not repaired, yet the forwarded body differs:\n%q\n%q", body, sent)
-		case repaired && fastjson.ValidateBytes(sent) != nil:
-			t.Fatalf("repaired body is not valid JSON: %q", sent)
+		case !rewritten && !bytes.Equal(sent, body):
+			t.Fatalf("not rewritten, yet the forwarded body differs:\n%q\n%q", body, sent)
+		case rewritten && !asYAML && fastjson.ValidateBytes(sent) != nil:
+			t.Fatalf("rewritten body is not valid JSON: %q", sent)
+		case rewritten && asYAML:
+			if _, err := rewrite.New(nil).PrepareYAML(sent); err != nil {
+				t.Fatalf("rewritten YAML does not scan again (%v): %q", err, sent)
+			}
+		case rewritten && digest != "s" && !strings.HasPrefix(digest, "d+confshim:"):
+			t.Fatalf("rewritten with digest %q", digest)
 		}
 	})
 }

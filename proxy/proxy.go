@@ -40,7 +40,11 @@ type Config struct {
 	Preserve        []string      // sections owned by out-of-band writers
 	MaxBodyBytes    int64         // larger request bodies get 413
 	UpstreamTimeout time.Duration // per upstream request
-	AdminKey        string        // for confshim's own requests when the caller sent no key
+	AdminKey        string        // for confshim's own background requests, never a caller's
+	// BodyBudgetBytes bounds the request bodies buffered at once (0: 4 × MaxBodyBytes);
+	// a body that does not fit waits BodyBudgetWait, then gets 503.
+	BodyBudgetBytes int64
+	BodyBudgetWait  time.Duration
 	// AllowCIDRs, when not empty, is who may talk to the Admin API through confshim,
 	// checked against the TCP peer (never X-Forwarded-For).
 	AllowCIDRs []netip.Prefix
@@ -72,8 +76,11 @@ type Proxy struct {
 	putLock chan struct{}
 	dp      dataPlane
 
-	lastAnswer atomic.Int64 // unix nanos of the upstream's last HTTP answer
-	bufs       buffers      // request and rewrite buffers
+	lastAnswer atomic.Int64  // unix nanos of the upstream's last HTTP answer
+	bufs       buffers       // request and rewrite buffers
+	budget     *bodyBudget   // request bodies buffered at once
+	writes     atomic.Uint64 // configs PUTs forwarded: a probe from before another is stale
+	noHead     atomic.Bool   // HEAD /apisix/admin/configs answered 404: APISIX 3.13
 }
 
 // New validates cfg and returns the proxy; every error names the setting at fault.
@@ -82,6 +89,10 @@ func New(cfg Config) (*Proxy, error) {
 	u, err := url.Parse(cfg.Upstream)
 	switch {
 	case err != nil:
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err // url.Error quotes the URL, password included
+		}
 		errs = append(errs, fmt.Errorf("--upstream: %v", err))
 	case u.Scheme != "http" && u.Scheme != "https":
 		errs = append(errs, fmt.Errorf("--upstream: scheme must be http or https, got %q", u.Scheme))
@@ -95,6 +106,15 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.UpstreamTimeout <= 0 {
 		errs = append(errs, errors.New("--upstream-timeout: must be positive"))
+	}
+	if cfg.BodyBudgetBytes == 0 {
+		cfg.BodyBudgetBytes = 4 * cfg.MaxBodyBytes
+	}
+	if cfg.BodyBudgetBytes < cfg.MaxBodyBytes {
+		errs = append(errs, errors.New("--body-budget-bytes: must be at least --max-body-bytes"))
+	}
+	if cfg.BodyBudgetWait <= 0 {
+		cfg.BodyBudgetWait = 10 * time.Second
 	}
 	if cfg.Metrics == nil {
 		errs = append(errs, errors.New("proxy: Metrics is required"))
@@ -120,6 +140,7 @@ func New(cfg Config) (*Proxy, error) {
 		m:         cfg.Metrics,
 		putLock:   make(chan struct{}, 1),
 		bufs:      make(buffers, 3), // the PUT being read, the one being rewritten, its output
+		budget:    newBodyBudget(cfg.BodyBudgetBytes),
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        func(pr *httputil.ProxyRequest) { pr.SetURL(u) },

@@ -213,7 +213,7 @@ func TestConfigsPutIsRepaired(t *testing.T) {
 	if rec.Code != 202 {
 		t.Fatalf("seed: %d %s", rec.Code, rec.Body)
 	}
-	body := `{"routes_conf_version":3,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":0}`
+	body := `{"routes_conf_version":3,"routes":[{"id":"r1","uri":"/a"}],"upstreams_conf_version":2,"upstreams":[{"id":"u1","type":"roundrobin","nodes":{"127.0.0.1:80":1}}],"secrets_conf_version":0}`
 	r := do(t, "PUT", f.url+"/apisix/admin/configs", body, withKey(map[string]string{"X-Digest": "client", "Expect": ""}))
 	if r.status != http.StatusAccepted {
 		t.Fatalf("%d %s", r.status, r.body)
@@ -222,7 +222,8 @@ func TestConfigsPutIsRepaired(t *testing.T) {
 		t.Fatalf("actions %q", got)
 	}
 	put := f.rec.puts()[0]
-	want := `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":2,"consumer_groups_conf_version":1,"plugin_configs_conf_version":1,"plugins_conf_version":1,"protos_conf_version":1}`
+	// routes is raised and, kept by APISIX, sent without its items (§8.3)
+	want := `{"routes_conf_version":5,"upstreams_conf_version":2,"upstreams":[{"id":"u1","type":"roundrobin","nodes":{"127.0.0.1:80":1}}],"secrets_conf_version":2,"consumer_groups_conf_version":1,"plugin_configs_conf_version":1,"plugins_conf_version":1,"protos_conf_version":1}`
 	if string(put.body) != want {
 		t.Fatalf("forwarded\n%s\nwant\n%s", put.body, want)
 	}
@@ -235,12 +236,16 @@ func TestConfigsPutIsRepaired(t *testing.T) {
 	if f.em.Document()["secrets"] == nil {
 		t.Fatal("the preserved secrets manager was lost")
 	}
-	// the same client body again is the same rewrite: same digest, APISIX answers 204
-	r = do(t, "PUT", f.url+"/apisix/admin/configs", body, withKey(map[string]string{"X-Digest": "client"}))
-	if r.status != http.StatusNoContent {
-		t.Fatalf("repeat: want 204, got %d", r.status)
+	// Again: upstreams is now unchanged too and sent without items, a new rewrite (202;
+	// the sections the client leaves out still change). The same body once more is the
+	// same rewrite: same digest, APISIX answers 204.
+	for _, want := range []int{http.StatusAccepted, http.StatusNoContent} {
+		r = do(t, "PUT", f.url+"/apisix/admin/configs", body, withKey(map[string]string{"X-Digest": "client"}))
+		if r.status != want {
+			t.Fatalf("repeat: want %d, got %d", want, r.status)
+		}
 	}
-	if got := testutil.ToFloat64(f.m.SectionRewrites.WithLabelValues("routes", "raised")); got != 2 {
+	if got := testutil.ToFloat64(f.m.SectionRewrites.WithLabelValues("routes", "raised")); got != 3 {
 		t.Fatalf("routes raised counted %v times", got)
 	}
 }
@@ -252,8 +257,8 @@ func TestConfigsPutPathNormalisation(t *testing.T) {
 		t.Fatalf("a path nginx reads as /apisix/admin/configs must be repaired too: %d %v", r.status, r.header)
 	}
 	reqs := f.rec.all()
-	if reqs[0].method != http.MethodGet || reqs[len(reqs)-1].path != "//apisix/admin/./configs" {
-		t.Fatalf("want a state read and the PUT on the client's path, got %+v", reqs)
+	if reqs[0].method != http.MethodHead || reqs[0].path != ConfigsPath || reqs[len(reqs)-1].path != "//apisix/admin/./configs" {
+		t.Fatalf("want a probe, a state read and the PUT on the client's path, got %+v", reqs)
 	}
 }
 
@@ -275,9 +280,12 @@ func TestConfigsPutErrors(t *testing.T) {
 		{name: "too large without Content-Length", body: `{"x":"` + strings.Repeat("a", 1<<20) + `"}`, chunked: true, status: 413, msg: "--max-body-bytes"},
 		{name: "invalid JSON goes to APISIX", body: `{abcd`, status: 400, msg: "invalid request body: Expected object key string but found invalid token at character 2", forwards: true},
 		{name: "string version goes to APISIX", body: `{"routes_conf_version":"15"}`, status: 400, msg: "routes_conf_version must be a number", forwards: true},
-		{name: "duplicate keys go to APISIX", body: `{"routes_conf_version":1,"routes_conf_version":2}`, status: 202, forwards: true},
+		{name: "duplicate keys refused", body: `{"routes_conf_version":1,"routes_conf_version":2}`, status: 400, msg: "appears twice"},
+		{name: "escaped duplicate keys refused", body: `{"secrets":[],"s\u0065crets":[{"id":"v/1"}]}`, status: 400, msg: "appears twice"},
 		{name: "YAML array refused", body: "- routes_conf_version: 3\n", hdr: map[string]string{"Content-Type": "application/yaml"}, status: 400, msg: "must be an object"},
-		{name: "unreadable YAML goes to APISIX", body: "routes: [\n", hdr: map[string]string{"Content-Type": "application/yaml"}, status: 500, msg: "500 Internal Server Error", forwards: true},
+		{name: "YAML that cannot be placed refused", body: "routes: [\n", hdr: map[string]string{"Content-Type": "application/yaml"}, status: 400, msg: "YAML body"},
+		{name: "YAML with a top-level merge key refused", body: "<<: {secrets_conf_version: 9}\nroutes_conf_version: 1\n", hdr: map[string]string{"Content-Type": "application/yaml"}, status: 400, msg: "merge key"},
+		{name: "an empty YAML document refused", body: "# nothing\n", hdr: map[string]string{"Content-Type": "application/yaml"}, status: 400, msg: "must be an object"},
 		{name: "gzip goes to APISIX", body: "\x1f\x8b\x08\x00gzipped", hdr: map[string]string{"Content-Encoding": "gzip"}, status: 400, msg: "invalid request body", forwards: true},
 		{name: "wrong key: APISIX refuses", body: `{"routes_conf_version":1}`, hdr: map[string]string{"X-API-KEY": "wrong"}, status: 401, msg: "failed to check token", forwards: true},
 		{name: "empty body goes to APISIX", body: ``, status: 400, msg: "invalid request body: empty request body", forwards: true},
@@ -336,7 +344,12 @@ func TestStateReadUsesTheCallersCredentials(t *testing.T) {
 		{"cookie", "", map[string]string{"Cookie": "x_api_key=" + key}, func(s seen) bool {
 			return strings.Contains(s.header.Get("Cookie"), "x_api_key="+key) && s.header.Get("X-API-KEY") == ""
 		}},
+		{"last of two cookies", "", map[string]string{"Cookie": "x_api_key=wrong; x_api_key=" + key}, func(s seen) bool {
+			return s.header.Get("Cookie") == "x_api_key=wrong; x_api_key="+key
+		}},
 		{"header", "", map[string]string{"X-API-KEY": key}, func(s seen) bool { return s.header.Get("X-API-KEY") == key }},
+		{"header with underscores", "", map[string]string{"X_API_KEY": key}, func(s seen) bool { return s.header.Get("X_API_KEY") == key }},
+		{"header mixed", "", map[string]string{"X-Api_Key": key}, func(s seen) bool { return s.header.Get("X-Api_Key") == key }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -346,24 +359,45 @@ func TestStateReadUsesTheCallersCredentials(t *testing.T) {
 				hdr[k] = v
 			}
 			r := do(t, "PUT", f.url+"/apisix/admin/configs"+tc.query, `{"routes_conf_version":1}`, hdr)
-			if r.status != http.StatusAccepted {
-				t.Fatalf("%d %s", r.status, r.body)
+			if r.status != http.StatusAccepted || r.header.Get("X-Confshim-Actions") == "" {
+				t.Fatalf("the repair must see the key APISIX sees: %d %s %v", r.status, r.body, r.header)
 			}
-			read := f.rec.all()[0]
-			if read.method != http.MethodGet || !tc.check(read) {
-				t.Fatalf("state read did not carry the caller's credentials as sent: %+v", read)
+			for _, read := range f.rec.all() {
+				if read.method != http.MethodPut && !tc.check(read) {
+					t.Fatalf("state read did not carry the caller's credentials as sent: %+v", read)
+				}
 			}
 		})
 	}
-	t.Run("admin key only for confshim's own requests", func(t *testing.T) {
+	t.Run("not keys to APISIX", func(t *testing.T) {
+		for _, tc := range []struct{ query, cookie string }{{"?API_KEY=" + key, ""}, {"", "X_API_KEY=" + key}} {
+			f := newFixture(t, nil, nil)
+			hdr := map[string]string{"X-Digest": "d"}
+			if tc.cookie != "" {
+				hdr["Cookie"] = tc.cookie
+			}
+			r := do(t, "PUT", f.url+"/apisix/admin/configs"+tc.query, `{"routes_conf_version":1}`, hdr)
+			if r.status != http.StatusUnauthorized || r.header.Get("X-Confshim-Actions") != "" {
+				t.Fatalf("%q %q: want APISIX's 401 and no decision, got %d %v", tc.query, tc.cookie, r.status, r.header)
+			}
+		}
+	})
+	t.Run("admin key never used for a caller", func(t *testing.T) {
 		f := newFixture(t, nil, func(c *Config) { c.AdminKey = key })
 		r := do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":1}`, map[string]string{"X-Digest": "d"})
-		if r.status != http.StatusUnauthorized {
-			t.Fatalf("the forwarded PUT must not gain a key: %d", r.status)
+		if r.status != http.StatusUnauthorized || r.header.Get("X-Confshim-Actions") != "" {
+			t.Fatalf("a key-less caller gets APISIX's refusal and learns no decision: %d %v", r.status, r.header)
 		}
-		reqs := f.rec.all()
-		if reqs[0].header.Get("X-API-KEY") != key || reqs[len(reqs)-1].header.Get("X-API-KEY") != "" {
-			t.Fatalf("state read %v, PUT %v", reqs[0].header, reqs[len(reqs)-1].header)
+		for _, s := range f.rec.all() {
+			if s.header.Get("X-API-KEY") != "" {
+				t.Fatalf("%s carried --admin-key for a caller", s.method)
+			}
+			if s.method == http.MethodGet {
+				t.Fatal("a refused caller's PUT must not cost a state read")
+			}
+		}
+		if got := testutil.ToFloat64(f.m.Untouched.WithLabelValues("refused")); got != 1 {
+			t.Fatalf("untouched{refused} = %v", got)
 		}
 	})
 }
@@ -433,28 +467,27 @@ func TestLogsNeverLeakSecrets(t *testing.T) {
 
 func TestMetricsExposition(t *testing.T) {
 	f := newFixture(t, nil, func(c *Config) { c.Preserve = []string{"secrets"} })
-	do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":1,"secrets_conf_version":0}`, withKey(map[string]string{"X-Digest": "a"}))
-	do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":0,"secrets":[{"id":"v/1"}],"secrets_conf_version":1}`, withKey(map[string]string{"X-Digest": "b"}))
-	want := `
-# HELP confshim_section_rewrites_total Sections changed in forwarded configs PUTs, by section and action (raised, bumped, preserved).
-# TYPE confshim_section_rewrites_total counter
-confshim_section_rewrites_total{action="preserved",section="secrets"} 1
-confshim_section_rewrites_total{action="raised",section="routes"} 1
-`
-	if err := testutil.GatherAndCompare(f.reg, strings.NewReader(want), "confshim_section_rewrites_total"); err != nil {
-		t.Fatal(err)
+	do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":2,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":0,"upstreams_conf_version":1}`, withKey(map[string]string{"X-Digest": "a"}))
+	do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/a"}],"secrets":[{"id":"v/1"}],"secrets_conf_version":1}`, withKey(map[string]string{"X-Digest": "b"}))
+	for _, c := range []struct {
+		section, action string
+		want            float64
+	}{{"secrets", "preserved", 1}, {"routes", "raised", 1}, {"upstreams", "settled", 1}, {"routes", "bumped", 0}, {"other", "settled", 0}} {
+		if got := testutil.ToFloat64(f.m.SectionRewrites.WithLabelValues(c.section, c.action)); got != c.want {
+			t.Fatalf("%s=%s counted %v, want %v", c.section, c.action, got, c.want)
+		}
 	}
-	wantReq := `
-# HELP confshim_requests_total Requests answered, by method, route (configs_put or passthrough) and status code.
-# TYPE confshim_requests_total counter
-confshim_requests_total{code="202",method="PUT",route="configs_put"} 2
-`
-	if err := testutil.GatherAndCompare(f.reg, strings.NewReader(wantReq), "confshim_requests_total"); err != nil {
-		t.Fatal(err)
+	if got := testutil.ToFloat64(f.m.Requests.WithLabelValues("PUT", "configs_put", "202")); got != 2 {
+		t.Fatalf("configs PUTs answered 202: %v", got)
 	}
-	n, err := testutil.GatherAndCount(f.reg, "confshim_build_info", "go_goroutines", "process_cpu_seconds_total")
-	if err != nil || n < 2 {
-		t.Fatalf("build info, Go and process collectors: %d %v", n, err)
+	// every series alerts and dashboards use exists from the start (at 0)
+	n, err := testutil.GatherAndCount(f.reg, "confshim_section_rewrites_total")
+	if err != nil || n != (len(rewrite.KnownSections)+1)*len(rewrite.Actions) {
+		t.Fatalf("section × action series: %d %v", n, err)
+	}
+	n, err = testutil.GatherAndCount(f.reg, "confshim_build_info", "go_goroutines", "process_cpu_seconds_total", "confshim_noop_puts_total", "confshim_thinned_bytes_total", "confshim_reseeds_total")
+	if err != nil || n < 6 {
+		t.Fatalf("build info, Go and process collectors, §8 counters: %d %v", n, err)
 	}
 }
 
@@ -483,7 +516,7 @@ func TestNewReportsEverySettingAtFault(t *testing.T) {
 }
 
 func TestYAMLPuts(t *testing.T) {
-	t.Run("repaired and forwarded as JSON", func(t *testing.T) {
+	t.Run("repaired by splicing the client's YAML", func(t *testing.T) {
 		f := newFixture(t, nil, func(c *Config) { c.Preserve = nil })
 		seed := httptest.NewRequest("PUT", "/apisix/admin/configs", strings.NewReader(`{"routes_conf_version":9}`))
 		seed.Header.Set("X-API-KEY", key)
@@ -495,9 +528,9 @@ func TestYAMLPuts(t *testing.T) {
 			t.Fatalf("%d %v %s", r.status, r.header, r.body)
 		}
 		put := f.rec.puts()[0]
-		want := `{"routes_conf_version":10,"routes":[{"id":"r1","uri":"/a","enable_websocket":true}]}`
-		if string(put.body) != want || put.header.Get("Content-Type") != "application/json" || !strings.HasPrefix(put.header.Get("X-Digest"), "y1+confshim:") {
-			t.Fatalf("forwarded %s (%s, digest %s), want %s as JSON", put.body, put.header.Get("Content-Type"), put.header.Get("X-Digest"), want)
+		want := strings.Replace(body, "routes_conf_version: 3", "routes_conf_version: 10", 1)
+		if string(put.body) != want || put.header.Get("Content-Type") != "application/yaml" || !strings.HasPrefix(put.header.Get("X-Digest"), "y1+confshim:") {
+			t.Fatalf("forwarded %q (%s, digest %s), want %q", put.body, put.header.Get("Content-Type"), put.header.Get("X-Digest"), want)
 		}
 	})
 	t.Run("nothing to repair: the YAML bytes go through", func(t *testing.T) {
@@ -515,7 +548,7 @@ func TestYAMLPuts(t *testing.T) {
 	t.Run("encoded bodies are counted", func(t *testing.T) {
 		f := newFixture(t, nil, nil)
 		do(t, "PUT", f.url+"/apisix/admin/configs", "x", withKey(map[string]string{"X-Digest": "d", "Content-Encoding": "br"}))
-		if got := testutil.ToFloat64(f.m.Passthrough.WithLabelValues("encoded")); got != 1 {
+		if got := testutil.ToFloat64(f.m.Untouched.WithLabelValues("encoded")); got != 1 {
 			t.Fatalf("untouched{encoded} = %v", got)
 		}
 	})

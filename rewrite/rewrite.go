@@ -1,8 +1,10 @@
 // Package rewrite decides, for one PUT /apisix/admin/configs body, what confshim
-// changes before APISIX sees it (contract §5): stale *_conf_version values are raised
-// or bumped, preserved sections are kept as the data plane holds them. It is pure:
-// bytes and state in, bytes and a report out. Only the changed version numbers and the
-// removed sections differ from the client's bytes; nothing else is re-serialised.
+// changes before APISIX sees it (contract §5, §8.1–§8.3): stale *_conf_version values
+// are raised or bumped, re-stamped unchanged sections are settled, preserved sections
+// are kept as the data plane holds them, and sections APISIX keeps are sent without
+// their items. It is pure: bytes and state in, bytes and a report out. Only the changed
+// version numbers and the removed items differ from the client's bytes; nothing else is
+// re-serialised, JSON or YAML.
 package rewrite
 
 import (
@@ -20,12 +22,16 @@ import (
 // Action is the word reported for a changed section (X-Confshim-Actions, metrics).
 type Action string
 
-// The actions of contract §5.1 and §5.3.
+// The actions of contract §5.1, §5.3 and §8.1.
 const (
 	Raised    Action = "raised"    // set to the data plane's version: APISIX keeps its copy
 	Bumped    Action = "bumped"    // set above the data plane's: APISIX applies the client's copy
 	Preserved Action = "preserved" // an out-of-band section kept as the data plane holds it
+	Settled   Action = "settled"   // re-stamped but unchanged: set back to the data plane's version
 )
+
+// Actions lists every action, for metrics that start at zero.
+var Actions = []Action{Raised, Bumped, Preserved, Settled}
 
 // Change is one section that the rewrite changed.
 type Change struct {
@@ -38,16 +44,23 @@ type Change struct {
 	Dropped    bool // the client's items were removed from the body
 }
 
-// ErrNotObject reports a body that is valid JSON but not an object: APISIX would take
-// an array or string as {} and empty every section, so the proxy refuses it.
-var ErrNotObject = errors.New("the body parses but is not an object")
+// RefuseError reports a body confshim must not forward (contract §4, §6): the client
+// gets 400 and nothing reaches APISIX. The reason never quotes more than a clipped name.
+type RefuseError struct{ Reason string }
+
+func (e *RefuseError) Error() string { return e.Reason }
+
+// ErrNotObject refuses a body that parses but is not an object: APISIX would take an
+// array or a string as {} and empty every section.
+var ErrNotObject = &RefuseError{Reason: "the configuration must be an object: APISIX would read this body as {} and delete every section"}
 
 // ErrStateIncomplete asks the caller for a state with items (a full GET): a decision
 // needs to compare the client's items with the data plane's.
 var ErrStateIncomplete = errors.New("the decision needs the data plane's items")
 
 // SkipError reports a body that is not rewritten; the caller forwards it untouched so
-// that APISIX answers with its own error. The reason never quotes the body.
+// that APISIX answers with its own error (it rejects every such body whole). The
+// reason never quotes the body beyond a clipped name.
 type SkipError struct{ Reason string }
 
 func (e *SkipError) Error() string { return "not rewritten: " + e.Reason }
@@ -67,15 +80,18 @@ func New(preserve []string) *Rewriter {
 	return &Rewriter{preserve: p, seed: maphash.MakeSeed()}
 }
 
-// Record is confshim's memory of its last successful write: per managed section, a
-// hash of the items it forwarded and the version the data plane took. A nil Record is
-// an empty one. It is immutable; Result.Commit returns the next one.
+// Record is confshim's memory of its last accepted write: per managed section, a hash
+// of the client's bytes, the semantic fingerprint of the content the data plane then
+// held, and the version it took. A nil Record is an empty one. It is immutable;
+// Result.Commit returns the next one.
 type Record struct {
 	entries map[string]recordEntry
 }
 
 type recordEntry struct {
-	sum     uint64
+	sum     uint64 // maphash of the client's raw items
+	fp      uint64 // semantic fingerprint of the section's content (when fpKnown)
+	fpKnown bool
 	version float64
 }
 
@@ -106,28 +122,46 @@ type Result struct {
 	Body []byte
 	// Changed is false when Body is the input, untouched.
 	Changed bool
-	// Changes lists the changed sections, sorted by section.
+	// Changes lists the reported sections (§5.5), sorted by section.
 	Changes []Change
 	// Digest is the X-Digest to forward (the client's when nothing changed).
 	Digest string
+	// NoOp: the forwarded body leaves every section as the data plane holds it (§8.2).
+	NoOp bool
+	// Thinned lists the sections sent at the data plane's version without their items
+	// (§8.3); ThinnedBytes is what that left out.
+	Thinned      []string
+	ThinnedBytes int
 
 	sections []outcome
 }
 
 // outcome is what the data plane will hold for one section after the forwarded PUT.
 type outcome struct {
-	section string
-	managed bool
-	sum     uint64  // hash of the forwarded items (managed only)
-	applied float64 // the version after a 202
-	current float64 // the data plane's version before the PUT (kept on a 204)
-	dpKnows bool    // the data plane reported this section
+	section  string
+	recorded bool    // a managed section whose client copy the record keeps
+	sum      uint64  // hash of the client's items
+	fp       uint64  // fingerprint of the content after the PUT (when fpKnown)
+	fpKnown  bool    //
+	applied  float64 // the version after a 202, as APISIX stores it
+	current  float64 // the data plane's version before the PUT (kept on a 204)
+	dpKnows  bool    // the data plane reported this section
 }
 
-// Actions renders the X-Confshim-Actions header value: "routes=raised, secrets=preserved".
+// maxHeaderBytes bounds X-Confshim-Actions: Node's HTTP client (ADC) refuses headers
+// over 16 KiB in all.
+const maxHeaderBytes = 8 << 10
+
+// Actions renders the X-Confshim-Actions header value, "routes=raised, secrets=preserved",
+// cut at 8 KiB with ", …".
 func (r *Result) Actions() string {
 	var b strings.Builder
 	for i, c := range r.Changes {
+		entry := len(c.Section) + len(c.Action) + 3
+		if b.Len()+entry > maxHeaderBytes-len(", …") {
+			b.WriteString(", …")
+			break
+		}
 		if i > 0 {
 			b.WriteString(", ")
 		}
@@ -139,18 +173,18 @@ func (r *Result) Actions() string {
 }
 
 // Commit returns the record after the data plane accepted the forwarded body: with
-// 202 it holds the versions the body set, with 204 (same digest) the ones it had.
+// 202 it holds the versions the body set, with 204 the ones it had.
 func (r *Result) Commit(noContent bool) *Record {
 	rec := &Record{entries: make(map[string]recordEntry, len(r.sections))}
 	for _, o := range r.sections {
-		if !o.managed {
+		if !o.recorded {
 			continue
 		}
 		v := o.applied
 		if noContent {
 			v = o.current
 		}
-		rec.entries[o.section] = recordEntry{sum: o.sum, version: v}
+		rec.entries[o.section] = recordEntry{sum: o.sum, fp: o.fp, fpKnown: o.fpKnown, version: v}
 	}
 	return rec
 }
@@ -167,16 +201,17 @@ func (r *Result) AppliedState() *State {
 	return st
 }
 
-// Prepared is a body scanned and fingerprinted once, before any state is known. The
-// proxy prepares outside its PUT lock, so that concurrent clients scan in parallel and
-// only the O(sections) decision and the forwarding are serialised.
+// Prepared is a body scanned once, before any state is known. The proxy prepares
+// outside its PUT lock, so that concurrent clients scan in parallel and only the
+// O(sections) decision and the forwarding are serialised.
 type Prepared struct {
 	body []byte
 	obj  object
-	sums []uint64 // per member: the record's fingerprint of its value
+	yaml bool
+	sums []uint64 // per member: the record's hash of its value
 }
 
-// Prepare validates and scans body. Errors: ErrNotObject (refuse), *SkipError
+// Prepare validates and scans a JSON body. Errors: *RefuseError (400), *SkipError
 // (forward untouched).
 func (rw *Rewriter) Prepare(body []byte) (*Prepared, error) {
 	obj, err := scanObject(body, make([]member, 0, 32))
@@ -186,19 +221,23 @@ func (rw *Rewriter) Prepare(body []byte) (*Prepared, error) {
 	case err != nil:
 		return nil, &SkipError{Reason: "the body is not valid JSON: " + err.Error()}
 	}
-	if err := obj.checkDuplicates(); err != nil {
-		return nil, &SkipError{Reason: err.Error()}
+	return rw.prepared(body, obj, false)
+}
+
+func (rw *Rewriter) prepared(body []byte, obj object, yaml bool) (*Prepared, error) {
+	if err := obj.index(); err != nil {
+		return nil, err
 	}
-	p := &Prepared{body: body, obj: obj, sums: make([]uint64, len(obj.members))}
+	p := &Prepared{body: body, obj: obj, yaml: yaml, sums: make([]uint64, len(obj.members))}
 	for i, m := range obj.members {
-		if !strings.HasSuffix(string(m.key), versionSuffix) {
-			p.sums[i] = hashItems(rw, body[m.valueStart:m.valueEnd])
+		if !strings.HasSuffix(m.name, versionSuffix) {
+			p.sums[i] = maphash.Bytes(rw.seed, body[m.valueStart:m.valueEnd])
 		}
 	}
 	return p, nil
 }
 
-// Rewrite prepares in.Body and decides on it; see Prepare and Decide.
+// Rewrite prepares in.Body as JSON and decides on it; see Prepare and Decide.
 func (rw *Rewriter) Rewrite(in Input) (*Result, error) {
 	p, err := rw.Prepare(in.Body)
 	if err != nil {
@@ -208,13 +247,18 @@ func (rw *Rewriter) Rewrite(in Input) (*Result, error) {
 }
 
 // Decide runs the decision for a prepared body (in.Body is ignored). Errors:
-// *SkipError (forward untouched), ErrStateIncomplete (read the full state and call
-// again with the same Prepared).
+// *SkipError (forward untouched), *RefuseError (400), ErrStateIncomplete (read the
+// full state and call again with the same Prepared).
 func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
+	if in.State == nil {
+		in.State = &State{}
+	}
 	res := &Result{}
 	e := edits{newValue: make([][]byte, len(p.obj.members)), drop: make([]bool, len(p.obj.members))}
+	h := semHasher{seed: rw.seed}
+	noop := true
 	for _, section := range rw.sections(&p.obj, in.State) {
-		o, change, err := rw.decide(section, p, &e, in)
+		o, change, err := rw.decideSection(section, p, &e, in, &h)
 		if err != nil {
 			return nil, err
 		}
@@ -222,16 +266,31 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 		if change != nil {
 			res.Changes = append(res.Changes, *change)
 		}
+		if o.dpKnows && o.applied != o.current {
+			noop = false
+		}
+		// §8.3: a managed section APISIX keeps is sent without its items.
+		if ii := p.obj.find(section); ii >= 0 && o.dpKnows && o.recorded && o.applied == o.current && !e.drop[ii] {
+			e.drop[ii] = true
+			res.Thinned = append(res.Thinned, section)
+			res.ThinnedBytes += p.obj.members[ii].valueEnd - p.obj.members[ii].valueStart
+		}
 	}
-	if len(res.Changes) == 0 {
+	res.NoOp = noop && len(in.State.Versions) > 0
+	if len(res.Changes) == 0 && len(res.Thinned) == 0 {
 		res.Body, res.Digest = p.body, in.Digest
 		return res, nil
+	}
+	if p.yaml {
+		if err := p.obj.checkAnchors(e.drop); err != nil {
+			return nil, err
+		}
 	}
 	res.Changed = true
 	res.Body = e.apply(in.Buf[:0], p.body, &p.obj)
 	res.Digest = in.Digest
 	if in.HasDigest {
-		res.Digest = in.Digest + "+confshim:" + decisionsHash(res.Changes)
+		res.Digest = in.Digest + "+confshim:" + decisionsHash(res.Changes, res.Thinned)
 	}
 	return res, nil
 }
@@ -239,15 +298,13 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 // sections is every section to decide on, sorted: APISIX's known ones, the data
 // plane's, and any <name>_conf_version in the request.
 func (rw *Rewriter) sections(obj *object, st *State) []string {
-	out := make([]string, 0, len(KnownSections)+4)
+	out := make([]string, 0, len(KnownSections)+len(st.Versions)+4)
 	out = append(out, KnownSections...)
-	if st != nil {
-		for s := range st.Versions {
-			out = append(out, s)
-		}
+	for s := range st.Versions {
+		out = append(out, s)
 	}
 	for _, m := range obj.members {
-		if s, ok := strings.CutSuffix(string(m.key), versionSuffix); ok && s != "" {
+		if s, ok := strings.CutSuffix(m.name, versionSuffix); ok && s != "" {
 			out = append(out, s)
 		}
 	}
@@ -255,14 +312,19 @@ func (rw *Rewriter) sections(obj *object, st *State) []string {
 	return slices.Compact(out)
 }
 
-// decide handles one section: contract §5.1 for managed sections, §5.3 for preserved.
-func (rw *Rewriter) decide(section string, p *Prepared, e *edits, in Input) (outcome, *Change, error) {
-	body, obj := p.body, &p.obj
+// decideSection handles one section: contract §5.1 and §8.1 for managed sections,
+// §5.3 for preserved ones.
+func (rw *Rewriter) decideSection(section string, p *Prepared, e *edits, in Input, h *semHasher) (outcome, *Change, error) {
+	obj := &p.obj
 	vi := obj.find(section + versionSuffix)
 	ii := obj.find(section)
-	vR, present, err := requestVersion(body, obj, vi)
-	if err != nil {
-		return outcome{}, nil, &SkipError{Reason: section + versionSuffix + " " + err.Error()}
+	vR, present, err := p.version(vi)
+	var refuse *RefuseError
+	switch {
+	case errors.As(err, &refuse):
+		return outcome{}, nil, err
+	case err != nil:
+		return outcome{}, nil, &SkipError{Reason: clip(section) + versionSuffix + " " + err.Error()}
 	}
 	vS := in.State.Version(section)
 	_, dpKnows := in.State.Versions[section]
@@ -276,9 +338,7 @@ func (rw *Rewriter) decide(section string, p *Prepared, e *edits, in Input) (out
 		}
 		versionChanged := !present || vR != vS
 		if versionChanged {
-			if err := e.setVersion(obj, vi, section, vS); err != nil {
-				return o, nil, err
-			}
+			e.setVersion(obj, vi, section, vS)
 		}
 		if ii >= 0 {
 			e.drop[ii] = true
@@ -291,66 +351,104 @@ func (rw *Rewriter) decide(section string, p *Prepared, e *edits, in Input) (out
 	}
 
 	var items []byte
-	o.managed = true
+	o.sum = maphash.Bytes(rw.seed, nil)
 	if ii >= 0 {
-		items = body[obj.members[ii].valueStart:obj.members[ii].valueEnd]
+		m := obj.members[ii]
+		items = p.body[m.valueStart:m.valueEnd]
 		o.sum = p.sums[ii]
-	} else {
-		o.sum = hashItems(rw, nil)
 	}
-	switch {
-	case !present:
-		o.applied = vS + 1
-		return o, nil, nil
-	case vR > vS:
-		o.applied = vR
+	if present && vR == vS && ii < 0 {
+		// APISIX's own idiom for "keep this section" (and what a thin PUT sends).
+		o.applied = vS
 		return o, nil, nil
 	}
-	unchanged, err := rw.unchanged(section, items, o.sum, vS, in)
+	o.recorded = true
+	if !present {
+		o.applied = storable(vS + 1)
+		o.fp, o.fpKnown = rw.fingerprint(p, items, h)
+		return o, nil, nil
+	}
+	eq, fp, fpKnown, err := rw.equal(section, items, o.sum, vS, p, in, h)
 	if err != nil {
 		return o, nil, err
 	}
-	if unchanged {
-		o.applied = vS
-		if vR == vS {
-			return o, nil, nil
+	o.fp, o.fpKnown = fp, fpKnown
+	switch {
+	case vR > vS && !eq && storable(vR) > vS:
+		o.applied = storable(vR)
+		return o, nil, nil
+	case vR > vS && !eq:
+		// a version APISIX would store as vS again: the change would never be served
+		next, ok := nextStorable(vS)
+		if !ok {
+			return o, nil, unstorable(section, vS)
 		}
+		change.Action, change.To = Bumped, next
+	case vR > vS: // §8.1: re-stamped, unchanged
+		change.Action, change.To = Settled, vS
+	case eq && vR == vS:
+		o.applied = vS
+		return o, nil, nil
+	case eq:
 		change.Action, change.To = Raised, vS
-	} else {
-		o.applied = vS + 1
-		change.Action, change.To = Bumped, vS+1
+	default:
+		next, ok := nextStorable(vS)
+		if !ok {
+			return o, nil, unstorable(section, vS)
+		}
+		change.Action, change.To = Bumped, next
 	}
-	if err := e.setVersion(obj, vi, section, change.To); err != nil {
-		return o, nil, err
-	}
+	o.applied = change.To
+	e.setVersion(obj, vi, section, change.To)
 	return o, change, nil
 }
 
-// unchanged reports whether the client's copy of section is what the data plane holds.
-// The record answers "yes" cheaply when it describes the data plane's current version
-// and holds these very bytes. Otherwise — no record, a stale one, or other bytes — the
-// items are compared with the data plane's: other bytes can still be the same
-// configuration (another leader echoed the section as GET returned it), and raising
-// then spares APISIX a reload, while a real change is still seen as one.
-func (rw *Rewriter) unchanged(section string, items []byte, sum uint64, vS float64, in Input) (bool, error) {
-	if e, ok := in.Record.entry(section); ok && e.version == vS && e.sum == sum {
-		return true, nil
+// equal reports whether the client's copy of section is the data plane's (§5.1's
+// "unchanged", §8.1's "equal"), and the content's fingerprint when it was computed.
+// The record answers cheaply when it describes the data plane's current version: the
+// same bytes, or the same fingerprint (ADC re-stamps modifiedIndex, which is not
+// content). Otherwise the items are compared with the data plane's.
+func (rw *Rewriter) equal(section string, items []byte, sum uint64, vS float64, p *Prepared, in Input, h *semHasher) (eq bool, fp uint64, fpKnown bool, err error) {
+	e, ok := in.Record.entry(section)
+	if ok && e.version == vS && e.sum == sum {
+		return true, e.fp, e.fpKnown, nil
 	}
-	if in.State == nil || !in.State.ItemsKnown {
-		return false, ErrStateIncomplete
+	if p.yaml {
+		// YAML values are never read (§5.6 asks to read them only where needed): a copy
+		// the record does not vouch for counts as changed, so it is applied, not lost.
+		return false, 0, false, nil
 	}
-	h := semHasher{seed: rw.seed}
-	return h.sectionFingerprint(items) == h.sectionFingerprint(in.State.Items[section]), nil
+	fp = h.sectionFingerprint(items)
+	if ok && e.version == vS && e.fpKnown {
+		return fp == e.fp, fp, true, nil
+	}
+	if !in.State.ItemsKnown {
+		return false, 0, false, ErrStateIncomplete
+	}
+	return fp == h.sectionFingerprint(in.State.Items[section]), fp, true, nil
 }
 
-// requestVersion reads a *_conf_version value: false counts as absent (as in APISIX),
-// anything but a finite number is an error.
-func requestVersion(body []byte, obj *object, vi int) (float64, bool, error) {
+func (rw *Rewriter) fingerprint(p *Prepared, items []byte, h *semHasher) (uint64, bool) {
+	if p.yaml {
+		return 0, false
+	}
+	return h.sectionFingerprint(items), true
+}
+
+// version reads the *_conf_version member vi: false counts as absent (as in APISIX);
+// anything but a finite number is an error (APISIX rejects the body itself).
+func (p *Prepared) version(vi int) (float64, bool, error) {
 	if vi < 0 {
 		return 0, false, nil
 	}
-	m := obj.members[vi]
-	raw := body[m.valueStart:m.valueEnd]
+	m := p.obj.members[vi]
+	if m.valueStart < 0 {
+		return yamlVersion(nil)
+	}
+	raw := p.body[m.valueStart:m.valueEnd]
+	if p.yaml {
+		return yamlVersion(raw)
+	}
 	if string(raw) == "false" {
 		return 0, false, nil
 	}
@@ -364,90 +462,75 @@ func requestVersion(body []byte, obj *object, vi int) (float64, bool, error) {
 	return v, true, nil
 }
 
-// hashItems is the record's fingerprint of a section's items as forwarded.
-func hashItems(rw *Rewriter, items []byte) uint64 { return maphash.Bytes(rw.seed, items) }
+func unstorable(section string, vS float64) error {
+	return &RefuseError{Reason: fmt.Sprintf("%s%s cannot go above the data plane's %s: APISIX keeps 14 significant digits and no higher version below 2^53 survives that", clip(section), versionSuffix, appendVersion(nil, vS))}
+}
 
-// appendVersion writes a version as JSON: integers without exponent or fraction.
+// storable is v as APISIX stores it: lua-cjson keeps 14 significant digits.
+func storable(v float64) float64 {
+	f, err := strconv.ParseFloat(strconv.FormatFloat(v, 'g', 14, 64), 64)
+	if err != nil {
+		return v
+	}
+	return f
+}
+
+// nextStorable is the smallest version above v that APISIX stores as a different
+// number (§5.1): v+1 below 1e14, a step in the 14th significant digit above; false
+// when none exists below 2^53.
+func nextStorable(v float64) (float64, bool) {
+	if c := v + 1; c > v && storable(c) == c {
+		return c, c < maxVersion
+	}
+	if math.IsInf(v, 0) || math.IsNaN(v) || v >= maxVersion {
+		return 0, false
+	}
+	// the smallest power-of-ten step that reaches the next 14-digit number
+	for step := 10.0; step < maxVersion; step *= 10 {
+		if c := storable(v + step); c > v && storable(c) == c {
+			return c, c < maxVersion
+		}
+	}
+	return 0, false
+}
+
+// appendVersion writes a version as JSON and YAML read it: integers without exponent
+// or fraction.
 func appendVersion(dst []byte, v float64) []byte { return strconv.AppendFloat(dst, v, 'f', -1, 64) }
 
 // decisionsHash is a short hash of the rewrite's decisions, so that the same client
 // body rewritten the same way gets the same digest (APISIX's 204 keeps working).
-func decisionsHash(changes []Change) string {
+func decisionsHash(changes []Change, thinned []string) string {
 	h := sha256.New()
+	var num []byte
 	for _, c := range changes {
 		h.Write([]byte(c.Section))
 		h.Write([]byte{'='})
-		h.Write(appendVersion(nil, c.To))
+		num = appendVersion(num[:0], c.To)
+		h.Write(num)
 		if c.Dropped {
 			h.Write([]byte(";drop"))
 		}
 		h.Write([]byte{'\n'})
 	}
+	for _, s := range thinned {
+		h.Write([]byte(s))
+		h.Write([]byte(";thin\n"))
+	}
 	var sum [sha256.Size]byte
 	return hex.EncodeToString(h.Sum(sum[:0])[:8])
 }
 
-// edits collects the byte changes to the top-level object.
-type edits struct {
-	newValue [][]byte // per member: the replacement value, or nil
-	drop     []bool   // per member: remove it
-	inserts  [][]byte // members to add at the end
+// maxNameBytes bounds a name taken from a body in logs and messages (§5.7).
+const maxNameBytes = 64
+
+// clip cuts a request-supplied name for a log line or an error message.
+func clip(name string) string {
+	if len(name) <= maxNameBytes {
+		return name
+	}
+	return name[:maxNameBytes] + "…"
 }
 
-func (e *edits) setVersion(obj *object, vi int, section string, v float64) error {
-	if v >= maxVersion || v <= -maxVersion {
-		return &SkipError{Reason: fmt.Sprintf("%s%s would have to be %.0f, above 2^53", section, versionSuffix, v)}
-	}
-	text := appendVersion(nil, v)
-	if vi >= 0 {
-		e.newValue[vi] = text
-		return nil
-	}
-	member := make([]byte, 0, len(section)+len(versionSuffix)+3+len(text))
-	member = append(member, '"')
-	member = append(member, section...)
-	member = append(member, versionSuffix...)
-	member = append(member, '"', ':')
-	e.inserts = append(e.inserts, append(member, text...))
-	return nil
-}
-
-// apply builds the output: the input with only the edited bytes changed. A dropped
-// member takes the separator before it along (or after it, when it is first).
-func (e *edits) apply(out, body []byte, obj *object) []byte {
-	if need := len(body) + 64*len(e.inserts); cap(out) < need {
-		out = make([]byte, 0, need)
-	}
-	if len(obj.members) == 0 {
-		out = append(out, body[:obj.close]...)
-	} else {
-		out = append(out, body[:obj.members[0].start]...)
-	}
-	wrote := false
-	for i, m := range obj.members {
-		if e.drop[i] {
-			continue
-		}
-		if wrote {
-			out = append(out, body[obj.members[i-1].valueEnd:m.start]...)
-		}
-		if v := e.newValue[i]; v != nil {
-			out = append(out, body[m.start:m.valueStart]...)
-			out = append(out, v...)
-		} else {
-			out = append(out, body[m.start:m.valueEnd]...)
-		}
-		wrote = true
-	}
-	for _, ins := range e.inserts {
-		if wrote {
-			out = append(out, ',')
-		}
-		out = append(out, ins...)
-		wrote = true
-	}
-	if len(obj.members) == 0 {
-		return append(out, body[obj.close:]...)
-	}
-	return append(out, body[obj.members[len(obj.members)-1].valueEnd:]...)
-}
+// Clip is clip for the proxy's log lines.
+func Clip(name string) string { return clip(name) }

@@ -17,16 +17,21 @@ import (
 // member is one top-level "key": value pair of the body, as byte offsets.
 type member struct {
 	key        []byte // the key's raw bytes between the quotes (still escaped)
-	start      int    // offset of the key's opening quote
+	name       string // the key unescaped (set by index)
+	start      int    // offset of the key's opening quote (YAML: of its line)
 	valueStart int
 	valueEnd   int
+	end        int // YAML: where the member's lines end (the next member's start)
 }
 
-// object is the top level of a JSON object body: its members and the offset of the
-// closing brace.
+// object is the top level of a JSON object body (or a YAML block mapping): its
+// members, the offset of the closing brace (YAML: of the mapping's end), and an index
+// by name.
 type object struct {
 	members []member
 	close   int
+	idx     map[string]int
+	yaml    *yamlDoc // YAML only: what the splice must keep consistent
 }
 
 // maxDepth bounds nesting as lua-cjson does (it refuses 1001 levels); it also keeps a
@@ -325,44 +330,28 @@ func (m member) keyName() string {
 	return string(v.GetStringBytes())
 }
 
-// find returns the index of the member named name, or -1.
-func (o *object) find(name string) int {
+// index names every member and refuses a repeated key (§4 item 4: APISIX would take
+// the last one silently, so what the body means cannot be repaired safely). It is
+// linear in the number of members, so a body of many keys costs no more than its size.
+func (o *object) index() error {
+	o.idx = make(map[string]int, len(o.members))
 	for i := range o.members {
-		if string(o.members[i].key) == name {
-			return i
+		m := &o.members[i]
+		if m.name == "" {
+			m.name = m.keyName()
 		}
-	}
-	return -1
-}
-
-// checkDuplicates reports a duplicate top-level key (APISIX would take the last one,
-// fastjson the first: refuse to guess). Escaped keys are compared, and then found, by name.
-func (o *object) checkDuplicates() error {
-	escaped := false
-	for _, m := range o.members {
-		if bytes.IndexByte(m.key, '\\') >= 0 {
-			escaped = true
-			break
+		if _, dup := o.idx[m.name]; dup {
+			return &RefuseError{Reason: fmt.Sprintf("the top-level key %q appears twice: APISIX would silently take the last one", clip(m.name))}
 		}
-	}
-	if !escaped && len(o.members) <= 64 {
-		for i := range o.members {
-			for j := i + 1; j < len(o.members); j++ {
-				if bytes.Equal(o.members[i].key, o.members[j].key) {
-					return fmt.Errorf("duplicate top-level key %q", o.members[i].key)
-				}
-			}
-		}
-		return nil
-	}
-	seen := make(map[string]bool, len(o.members))
-	for i := range o.members {
-		name := o.members[i].keyName()
-		if seen[name] {
-			return fmt.Errorf("duplicate top-level key %q", name)
-		}
-		seen[name] = true
-		o.members[i].key = []byte(name)
+		o.idx[m.name] = i
 	}
 	return nil
+}
+
+// find returns the index of the member named name, or -1.
+func (o *object) find(name string) int {
+	if i, ok := o.idx[name]; ok {
+		return i
+	}
+	return -1
 }

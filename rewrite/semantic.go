@@ -12,9 +12,8 @@ import (
 // (contract §5.1) without building a tree: one streaming pass per side, no allocation.
 // Object key order and whitespace do not change it, nor do escapes ("\/" and "/" are
 // the same string) or number spelling (1.0 and 1); an empty array and an empty object
-// are the same (APISIX reads [] back as {}). A section's items are combined in any
-// order when every item has an id or username (items are matched by identity),
-// positionally otherwise. The string hash is seeded per process, so nobody can aim a
+// are the same (APISIX reads [] back as {}), nor an item's top-level modifiedIndex.
+// The string hash is seeded per process, so nobody can aim a
 // collision at it; 64 bits make an accidental one negligible.
 
 const (
@@ -46,7 +45,9 @@ type semHasher struct {
 	scratch []byte
 }
 
-// sectionFingerprint fingerprints a section value (nil: absent, which equals no items).
+// sectionFingerprint fingerprints a section value (nil: absent, which equals no
+// items). Items are combined in order: JSON arrays are ordered, and APISIX's matching
+// can depend on the order of routes.
 func (h *semHasher) sectionFingerprint(b []byte) uint64 {
 	h.b, h.i = b, skipWS(b, 0)
 	if h.i >= len(b) {
@@ -59,44 +60,32 @@ func (h *semHasher) sectionFingerprint(b []byte) uint64 {
 	if b[h.i] == ']' {
 		return tagEmpty
 	}
-	var set, ordered uint64 = tagSet, tagArray
-	allIdentified := true
+	var ordered uint64 = tagArray
 	for n := uint64(1); ; n++ {
-		v, identified := h.item()
-		allIdentified = allIdentified && identified
-		set += fmix(v)
-		ordered = fmix(ordered ^ bits.RotateLeft64(v, int(n%63)) ^ n)
+		ordered = fmix(ordered ^ bits.RotateLeft64(h.item(), int(n%63)) ^ n)
 		h.i = skipWS(b, h.i)
 		if b[h.i] == ']' {
 			break
 		}
 		h.i = skipWS(b, h.i+1) // ','
 	}
-	if allIdentified {
-		return fmix(set)
-	}
 	return ordered
 }
 
-// item fingerprints one item and reports whether it carries an id or username.
-func (h *semHasher) item() (uint64, bool) {
+// item fingerprints one item; its top-level modifiedIndex is not content (§8.1: ADC
+// re-stamps it on items it did not change).
+func (h *semHasher) item() uint64 {
 	if h.b[h.i] != '{' {
-		return h.value(), false
+		return h.value()
 	}
-	identified := false
-	v := h.object(func(key []byte) {
-		if string(key) == "id" || string(key) == "username" {
-			identified = true
-		}
-	})
-	return v, identified
+	return h.object(true)
 }
 
 func (h *semHasher) value() uint64 {
 	b := h.b
 	switch c := b[h.i]; c {
 	case '{':
-		return h.object(nil)
+		return h.object(false)
 	case '[':
 		h.i = skipWS(b, h.i+1)
 		if b[h.i] == ']' {
@@ -129,8 +118,9 @@ func (h *semHasher) value() uint64 {
 	}
 }
 
-// object fingerprints {…} at h.i, order-independently; onKey sees each raw key.
-func (h *semHasher) object(onKey func(key []byte)) uint64 {
+// object fingerprints {…} at h.i, order-independently; an item leaves out its
+// modifiedIndex.
+func (h *semHasher) object(isItem bool) uint64 {
 	b := h.b
 	h.i = skipWS(b, h.i+1)
 	if b[h.i] == '}' {
@@ -141,13 +131,13 @@ func (h *semHasher) object(onKey func(key []byte)) uint64 {
 	for {
 		keyStart := h.i + 1
 		k := h.str()
-		if onKey != nil {
-			onKey(b[keyStart : h.i-1])
-		}
+		skip := isItem && string(b[keyStart:h.i-1]) == "modifiedIndex"
 		h.i = skipWS(b, h.i)
 		h.i = skipWS(b, h.i+1) // ':'
 		v := h.value()
-		sum += fmix(k*0x9e3779b97f4a7c15 ^ bits.RotateLeft64(v, 29))
+		if !skip {
+			sum += fmix(k*0x9e3779b97f4a7c15 ^ bits.RotateLeft64(v, 29))
+		}
 		h.i = skipWS(b, h.i)
 		if b[h.i] == '}' {
 			h.i++

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"sync/atomic"
@@ -58,6 +59,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		Upstream:                   opts.upstream,
 		Preserve:                   opts.preserve,
 		MaxBodyBytes:               opts.maxBodyBytes,
+		BodyBudgetBytes:            opts.bodyBudgetBytes,
 		UpstreamTimeout:            opts.upstreamTimeout,
 		AdminKey:                   opts.adminKey,
 		AllowCIDRs:                 opts.allowCIDRs,
@@ -123,7 +125,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	go func() { errc <- proxySrv.Serve(proxyLn) }()
 	go func() { errc <- metricsSrv.Serve(metricsLn) }()
 	logger.Info().Str("listen", proxyLn.Addr().String()).Str("metrics_listen", metricsLn.Addr().String()).
-		Str("upstream", opts.upstream).Strs("preserve", opts.preserve).Str("version", version).Msg("confshim started")
+		Str("upstream", redacted(opts.upstream)).Strs("preserve", opts.preserve).Str("version", version).Msg("confshim started")
 	if ready != nil {
 		ready(proxyLn.Addr().String(), metricsLn.Addr().String())
 	}
@@ -167,6 +169,15 @@ func internalHandler(reg *prometheus.Registry, p *proxy.Proxy, shuttingDown *ato
 		}
 	})
 	return mux
+}
+
+// redacted hides a password in --upstream (http://user:pass@…) from the log.
+func redacted(upstream string) string {
+	u, err := url.Parse(upstream)
+	if err != nil {
+		return "(unparseable)"
+	}
+	return u.Redacted()
 }
 
 func (o *options) logger(w io.Writer) zerolog.Logger {

@@ -26,6 +26,9 @@ type options struct {
 	listen, upstream, metricsListen string
 	preserve                        []string
 	maxBodyBytes                    int64
+	bodyBudgetBytes                 int64
+	reseedInterval                  time.Duration
+	stateDir                        string
 	upstreamTimeout                 time.Duration
 	shutdownTimeout                 time.Duration
 	adminKey                        string
@@ -61,9 +64,10 @@ var flagSpecs = []flagSpec{
 	{"metrics-listen", ":9281", "address serving /metrics, /healthz and /readyz (never the proxied API)", false},
 	{"preserve", strings.Join(rewrite.DefaultPreserve, ","), "comma-separated sections owned by out-of-band writers; APISIX keeps what it holds for them (empty: none)", false},
 	{"max-body-bytes", "67108864", "largest request body accepted; larger ones get 413", false},
+	{"body-budget-bytes", "0", "request bodies buffered at once, all connections together (0: 4 × --max-body-bytes); past it a body waits up to 10s, then gets 503", false},
 	{"upstream-timeout", "60s", "timeout of each upstream request (a repaired PUT makes at most four)", false},
 	{"shutdown-timeout", "20s", "how long SIGTERM waits for in-flight requests", false},
-	{"admin-key", "", "key for confshim's own requests (state read, readiness) when the caller sent none; never added to a forwarded request", false},
+	{"admin-key", "", "key for confshim's own background requests (readiness, re-seeding); never used for, added to or replacing the key of a caller's request", false},
 	{"log-level", "info", "debug, info, warn or error", false},
 	{"log-format", "json", "json, or console for humans", false},
 	{"upstream-ca-file", "", "PEM CA bundle to verify APISIX's certificate (https upstream)", false},
@@ -73,6 +77,8 @@ var flagSpecs = []flagSpec{
 	{"allow-cidrs", "", "comma-separated CIDRs allowed to use the Admin API through confshim, checked against the TCP peer (empty: everyone)", false},
 	{"tls-cert-file", "", "serve HTTPS with this certificate (reloaded when the file changes)", false},
 	{"tls-key-file", "", "key of --tls-cert-file", false},
+	{"reseed-interval", "1s", "how often the data plane is checked for a lost configuration, which is then re-seeded (0: never)", false},
+	{"state-dir", "", "directory where the kept configuration is also written (mode 0600), so that a restarted confshim re-seeds too (empty: memory only)", false},
 }
 
 // envName is the environment variable that sets a flag: CONFSHIM_<FLAG>.
@@ -153,6 +159,20 @@ func parseOptions(args []string, lookupEnv func(string) (string, bool)) (*option
 	} else {
 		o.maxBodyBytes = n
 	}
+	if n, err := strconv.ParseInt(get("body-budget-bytes"), 10, 64); err != nil || n < 0 {
+		bad("body-budget-bytes", "%q is not a number of bytes", get("body-budget-bytes"))
+	} else {
+		o.bodyBudgetBytes = n
+		if n != 0 && o.maxBodyBytes > 0 && n < o.maxBodyBytes {
+			bad("body-budget-bytes", "%d is less than --max-body-bytes (%d)", n, o.maxBodyBytes)
+		}
+	}
+	if d, err := time.ParseDuration(get("reseed-interval")); err != nil || d < 0 {
+		bad("reseed-interval", "%q is not a duration such as 1s (0 turns re-seeding off)", get("reseed-interval"))
+	} else {
+		o.reseedInterval = d
+	}
+	o.stateDir = get("state-dir")
 	o.upstreamTimeout = duration("upstream-timeout")
 	o.shutdownTimeout = duration("shutdown-timeout")
 	o.adminKey = get("admin-key")

@@ -60,6 +60,15 @@ type Emulator struct {
 	reloads map[string]int
 	lastPut *Request
 	puts    int
+	costs   Costs
+}
+
+// Costs are what the PUTs made APISIX do, the work confshim's §8 takes off it.
+type Costs struct {
+	ItemsValidated int // items run through a checker (3.15+: every item of every section present)
+	BytesParsed    int // request body bytes decoded
+	NoContent      int // PUTs answered 204 (same digest: nothing validated, stored or reloaded)
+	Accepted       int // PUTs answered 202
 }
 
 // New returns an emulator for the given options.
@@ -102,6 +111,22 @@ func (e *Emulator) Reloads() map[string]int {
 		out[k] = v
 	}
 	return out
+}
+
+// Costs returns the work the PUTs so far made the data plane do.
+func (e *Emulator) Costs() Costs {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.costs
+}
+
+// TotalReloads sums Reloads over every section.
+func (e *Emulator) TotalReloads() int {
+	n := 0
+	for _, v := range e.Reloads() {
+		n += v
+	}
+	return n
 }
 
 // LastPut returns the last PUT /apisix/admin/configs received (nil if none).
@@ -220,18 +245,28 @@ func writeText(w http.ResponseWriter, status int, text string) {
 
 func errorMsg(msg string) table { return table{"error_msg": msg} }
 
-// token finds the admin key the way check_token does: query, header, cookie.
+// token finds the admin key as APISIX 3.17 does (apisix/admin/init.lua, checked on a
+// real one): the api_key query argument by exact name (the first if repeated), else
+// the header as nginx's $http_x_api_key matches it (any case, "_" for "-", the first
+// such header, surrounding spaces trimmed), else the x_api_key cookie by exact name
+// (the last if repeated).
 func token(r *http.Request) (string, bool) {
 	if q := r.URL.Query(); q.Has("api_key") {
 		return q.Get("api_key"), true
 	}
-	if v := r.Header.Values("X-API-KEY"); len(v) > 0 {
-		return v[0], true
+	for name, values := range r.Header {
+		if len(name) == len("x-api-key") && strings.EqualFold(strings.ReplaceAll(name, "_", "-"), "x-api-key") {
+			return strings.TrimSpace(values[0]), true
+		}
 	}
-	if c, err := r.Cookie("x_api_key"); err == nil {
-		return c.Value, true
+	var cookie string
+	found := false
+	for _, c := range r.Cookies() {
+		if c.Name == "x_api_key" {
+			cookie, found = c.Value, true
+		}
 	}
-	return "", false
+	return cookie, found
 }
 
 func (e *Emulator) withAuth(w http.ResponseWriter, r *http.Request, next http.HandlerFunc) {
@@ -352,6 +387,9 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 	}
 	raw, rerr := io.ReadAll(r.Body)
 	e.notePut(r, raw)
+	e.mu.Lock()
+	e.costs.BytesParsed += len(raw)
+	e.mu.Unlock()
 	if rerr != nil {
 		writeJSON(w, http.StatusBadRequest, errorMsg("invalid request body: "+rerr.Error()))
 		return
@@ -386,6 +424,7 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 	defer e.mu.Unlock()
 	if e.minor >= 14 && e.doc != nil {
 		if stored, _ := e.doc["X-Digest"].(string); stored == digest {
+			e.costs.NoContent++
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
@@ -409,16 +448,19 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 		writeText(w, http.StatusInternalServerError, "failed to encode json: "+encErr.Error())
 		return
 	}
+	e.stored = encoded
+	decoded, _ := decodeCJSON(encoded) // what the dict now holds (numbers at 14 digits)
+	old := e.doc
+	e.doc = decoded.(table)
+	// A section reloads when its *stored* version changed: what workers compare.
 	for _, k := range e.sections() {
 		vk := k + "_conf_version"
-		oldV, _ := e.doc[vk].(float64)
-		if newDoc[vk].(float64) != oldV {
+		oldV, _ := old[vk].(float64)
+		if newV, _ := e.doc[vk].(float64); newV != oldV {
 			e.reloads[k]++
 		}
 	}
-	e.stored = encoded
-	decoded, _ := decodeCJSON(encoded) // what the dict now holds (numbers at 14 digits)
-	e.doc = decoded.(table)
+	e.costs.Accepted++
 	if e.minor >= 14 {
 		w.Header().Set("X-Last-Modified", formatLuaNumber(lastModified))
 		w.Header().Set("X-Digest", digest)
@@ -458,6 +500,7 @@ func itemsOf(conf table, key string) []any {
 func (e *Emulator) checkSection(key string, items []any) (int, string) {
 	seen := map[string]bool{}
 	for i, raw := range items {
+		e.costs.ItemsValidated++
 		if cerr := checkItem(key, raw); cerr != nil {
 			return http.StatusBadRequest, e.prefixed(key, i, cerr)
 		}
