@@ -5,8 +5,10 @@ package rewrite
 type edits struct {
 	newValue [][]byte // per member: the replacement value, or nil
 	drop     []bool   // per member: remove it
-	inserts  [][]byte // version members to add: "name", the value
+	inserts  []insert // version members to add
 }
+
+type insert struct{ name, value []byte }
 
 func (e *edits) setVersion(obj *object, vi int, section string, v float64) {
 	text := appendVersion(nil, v)
@@ -14,7 +16,7 @@ func (e *edits) setVersion(obj *object, vi int, section string, v float64) {
 		e.newValue[vi] = text
 		return
 	}
-	e.inserts = append(e.inserts, []byte(section+versionSuffix), text)
+	e.inserts = append(e.inserts, insert{[]byte(section + versionSuffix), text})
 }
 
 // apply builds the output: the input with only the edited bytes changed.
@@ -42,14 +44,14 @@ func (e *edits) apply(out, body []byte, obj *object) []byte {
 		out = e.appendMember(out, body, i, m, m.valueEnd)
 		wrote = true
 	}
-	for i := 0; i < len(e.inserts); i += 2 {
+	for _, ins := range e.inserts {
 		if wrote {
 			out = append(out, ',')
 		}
 		out = append(out, '"')
-		out = append(out, e.inserts[i]...)
+		out = append(out, ins.name...)
 		out = append(out, '"', ':')
-		out = append(out, e.inserts[i+1]...)
+		out = append(out, ins.value...)
 		wrote = true
 	}
 	if len(obj.members) == 0 {
@@ -67,10 +69,10 @@ func (e *edits) applyYAML(out, body []byte, obj *object) []byte {
 		first = obj.members[0].start
 	}
 	out = append(out, body[:first]...)
-	for i := 0; i < len(e.inserts); i += 2 {
-		out = append(out, e.inserts[i]...)
+	for _, ins := range e.inserts {
+		out = append(out, ins.name...)
 		out = append(out, ':', ' ')
-		out = append(out, e.inserts[i+1]...)
+		out = append(out, ins.value...)
 		out = append(out, '\n')
 	}
 	for i, m := range obj.members {

@@ -8,6 +8,7 @@
 package rewrite
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -257,25 +258,32 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 	e := edits{newValue: make([][]byte, len(p.obj.members)), drop: make([]bool, len(p.obj.members))}
 	h := semHasher{seed: rw.seed}
 	noop := true
-	for _, section := range rw.sections(&p.obj, in.State) {
-		o, change, err := rw.decideSection(section, p, &e, in, &h)
+	sections := rw.sections(&p.obj, in.State)
+	res.sections = make([]outcome, 0, len(sections))
+	for _, ref := range sections {
+		section, sl := ref.name, ref.slots
+		o, change, changed, err := rw.decideSection(section, sl, p, &e, in, &h)
 		if err != nil {
 			return nil, err
 		}
 		res.sections = append(res.sections, o)
-		if change != nil {
-			res.Changes = append(res.Changes, *change)
+		if changed {
+			res.Changes = append(res.Changes, change)
 		}
 		if o.dpKnows && o.applied != o.current {
 			noop = false
 		}
 		// §8.3: a managed section APISIX keeps is sent without its items.
-		if ii := p.obj.find(section); ii >= 0 && o.dpKnows && o.recorded && o.applied == o.current && !e.drop[ii] {
+		if ii := sl.items; ii >= 0 && o.dpKnows && o.recorded && o.applied == o.current && !e.drop[ii] {
 			e.drop[ii] = true
 			res.Thinned = append(res.Thinned, section)
 			res.ThinnedBytes += p.obj.members[ii].valueEnd - p.obj.members[ii].valueStart
 		}
 	}
+	// sorted once at the end: the header, the log and the digest list sections in order
+	slices.SortFunc(res.Changes, func(a, b Change) int { return strings.Compare(a.Section, b.Section) })
+	slices.Sort(res.Thinned)
+	slices.SortFunc(e.inserts, func(a, b insert) int { return bytes.Compare(a.name, b.name) })
 	res.NoOp = noop && len(in.State.Versions) > 0
 	if len(res.Changes) == 0 && len(res.Thinned) == 0 {
 		res.Body, res.Digest = p.body, in.Digest
@@ -295,46 +303,60 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 	return res, nil
 }
 
-// sections is every section to decide on, sorted: APISIX's known ones, the data
-// plane's, and any <name>_conf_version in the request.
-func (rw *Rewriter) sections(obj *object, st *State) []string {
-	out := make([]string, 0, len(KnownSections)+len(st.Versions)+4)
-	out = append(out, KnownSections...)
-	for s := range st.Versions {
-		out = append(out, s)
-	}
-	for _, m := range obj.members {
-		if s, ok := strings.CutSuffix(m.name, versionSuffix); ok && s != "" {
-			out = append(out, s)
+type sectionRef struct {
+	name string
+	slots
+}
+
+// sections is every section to decide on, once each, in no particular order:
+// APISIX's known ones, the data plane's, and any <name>_conf_version in the request.
+// Linear in the body's keys: a body of 70,000 version keys costs no sort and no
+// second lookup per key.
+func (rw *Rewriter) sections(obj *object, st *State) []sectionRef {
+	out := make([]sectionRef, 0, len(KnownSections)+len(st.Versions)+len(obj.idx))
+	for s, sl := range obj.idx {
+		if sl.version >= 0 {
+			out = append(out, sectionRef{s, sl})
 		}
 	}
-	slices.Sort(out)
-	return slices.Compact(out)
+	others := func(s string) {
+		if sl := obj.slot(s); sl.version < 0 {
+			out = append(out, sectionRef{s, sl})
+		}
+	}
+	for _, s := range KnownSections {
+		others(s)
+	}
+	for s := range st.Versions {
+		if !slices.Contains(KnownSections, s) {
+			others(s)
+		}
+	}
+	return out
 }
 
 // decideSection handles one section: contract §5.1 and §8.1 for managed sections,
 // §5.3 for preserved ones.
-func (rw *Rewriter) decideSection(section string, p *Prepared, e *edits, in Input, h *semHasher) (outcome, *Change, error) {
+func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher) (o outcome, change Change, changed bool, err error) {
 	obj := &p.obj
-	vi := obj.find(section + versionSuffix)
-	ii := obj.find(section)
+	vi, ii := sl.version, sl.items
 	vR, present, err := p.version(vi)
 	var refuse *RefuseError
 	switch {
 	case errors.As(err, &refuse):
-		return outcome{}, nil, err
+		return o, change, false, err
 	case err != nil:
-		return outcome{}, nil, &SkipError{Reason: clip(section) + versionSuffix + " " + err.Error()}
+		return o, change, false, &SkipError{Reason: clip(section) + versionSuffix + " " + err.Error()}
 	}
 	vS := in.State.Version(section)
 	_, dpKnows := in.State.Versions[section]
-	o := outcome{section: section, current: vS, dpKnows: dpKnows}
-	change := &Change{Section: section, From: vR, FromAbsent: !present}
+	o = outcome{section: section, current: vS, dpKnows: dpKnows}
+	change = Change{Section: section, From: vR, FromAbsent: !present}
 
 	if rw.preserve[section] {
 		o.applied = vS
 		if !present && !dpKnows && ii < 0 {
-			return o, nil, nil // nothing to keep, nothing sent
+			return o, change, false, nil // nothing to keep, nothing sent
 		}
 		versionChanged := !present || vR != vS
 		if versionChanged {
@@ -344,10 +366,10 @@ func (rw *Rewriter) decideSection(section string, p *Prepared, e *edits, in Inpu
 			e.drop[ii] = true
 		}
 		if !versionChanged && ii < 0 {
-			return o, nil, nil
+			return o, change, false, nil
 		}
 		change.Action, change.To, change.Dropped = Preserved, vS, ii >= 0
-		return o, change, nil
+		return o, change, true, nil
 	}
 
 	var items []byte
@@ -360,47 +382,52 @@ func (rw *Rewriter) decideSection(section string, p *Prepared, e *edits, in Inpu
 	if present && vR == vS && ii < 0 {
 		// APISIX's own idiom for "keep this section" (and what a thin PUT sends).
 		o.applied = vS
-		return o, nil, nil
+		return o, change, false, nil
 	}
 	o.recorded = true
+	if present && vR > vS && !dpKnows {
+		// APISIX ignores a section it does not know: nothing to settle or compare
+		o.applied = vR
+		return o, change, false, nil
+	}
 	if !present {
 		o.applied = storable(vS + 1)
 		o.fp, o.fpKnown = rw.fingerprint(p, items, h)
-		return o, nil, nil
+		return o, change, false, nil
 	}
 	eq, fp, fpKnown, err := rw.equal(section, items, o.sum, vS, p, in, h)
 	if err != nil {
-		return o, nil, err
+		return o, change, false, err
 	}
 	o.fp, o.fpKnown = fp, fpKnown
 	switch {
 	case vR > vS && !eq && storable(vR) > vS:
 		o.applied = storable(vR)
-		return o, nil, nil
+		return o, change, false, nil
 	case vR > vS && !eq:
 		// a version APISIX would store as vS again: the change would never be served
 		next, ok := nextStorable(vS)
 		if !ok {
-			return o, nil, unstorable(section, vS)
+			return o, change, false, unstorable(section, vS)
 		}
 		change.Action, change.To = Bumped, next
 	case vR > vS: // §8.1: re-stamped, unchanged
 		change.Action, change.To = Settled, vS
 	case eq && vR == vS:
 		o.applied = vS
-		return o, nil, nil
+		return o, change, false, nil
 	case eq:
 		change.Action, change.To = Raised, vS
 	default:
 		next, ok := nextStorable(vS)
 		if !ok {
-			return o, nil, unstorable(section, vS)
+			return o, change, false, unstorable(section, vS)
 		}
 		change.Action, change.To = Bumped, next
 	}
 	o.applied = change.To
 	e.setVersion(obj, vi, section, change.To)
-	return o, change, nil
+	return o, change, true, nil
 }
 
 // equal reports whether the client's copy of section is the data plane's (§5.1's
@@ -454,6 +481,9 @@ func (p *Prepared) version(vi int) (float64, bool, error) {
 	}
 	if c := raw[0]; c != '-' && (c < '0' || c > '9') {
 		return 0, false, errors.New("is not a number")
+	}
+	if n, ok := smallInt(raw); ok {
+		return float64(n), true, nil
 	}
 	v, err := strconv.ParseFloat(string(raw), 64)
 	if err != nil || math.IsInf(v, 0) || math.IsNaN(v) {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/valyala/fastjson"
 )
@@ -30,9 +31,12 @@ type member struct {
 type object struct {
 	members []member
 	close   int
-	idx     map[string]int
-	yaml    *yamlDoc // YAML only: what the splice must keep consistent
+	idx     map[string]slots // by section name (a version key counts under its section)
+	yaml    *yamlDoc         // YAML only: what the splice must keep consistent
 }
+
+// slots are the members of one section: its items and its version (-1: absent).
+type slots struct{ items, version int }
 
 // maxDepth bounds nesting as lua-cjson does (it refuses 1001 levels); it also keeps a
 // hostile body from costing more than a small stack.
@@ -334,24 +338,37 @@ func (m member) keyName() string {
 // the last one silently, so what the body means cannot be repaired safely). It is
 // linear in the number of members, so a body of many keys costs no more than its size.
 func (o *object) index() error {
-	o.idx = make(map[string]int, len(o.members))
+	o.idx = make(map[string]slots, len(o.members))
 	for i := range o.members {
 		m := &o.members[i]
 		if m.name == "" {
 			m.name = m.keyName()
 		}
-		if _, dup := o.idx[m.name]; dup {
+		section, isVersion := strings.CutSuffix(m.name, versionSuffix)
+		if section == "" {
+			section, isVersion = m.name, false
+		}
+		sl, seen := o.idx[section]
+		if !seen {
+			sl = slots{items: -1, version: -1}
+		}
+		at := &sl.items
+		if isVersion {
+			at = &sl.version
+		}
+		if *at >= 0 {
 			return &RefuseError{Reason: fmt.Sprintf("the top-level key %q appears twice: APISIX would silently take the last one", clip(m.name))}
 		}
-		o.idx[m.name] = i
+		*at = i
+		o.idx[section] = sl
 	}
 	return nil
 }
 
-// find returns the index of the member named name, or -1.
-func (o *object) find(name string) int {
-	if i, ok := o.idx[name]; ok {
-		return i
+// slot returns a section's members.
+func (o *object) slot(section string) slots {
+	if sl, ok := o.idx[section]; ok {
+		return sl
 	}
-	return -1
+	return slots{items: -1, version: -1}
 }
