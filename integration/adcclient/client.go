@@ -16,6 +16,7 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -35,6 +36,9 @@ type Client struct {
 	HTTP   *http.Client
 	// Clock gives T in ms; defaults to a strictly increasing clock from time.Now.
 	Clock func() int64
+	// Restamp lists sections re-stamped on every sync although unchanged (a new
+	// version and a new modifiedIndex), as ADC 0.28 does with plugin_metadata.
+	Restamp []string
 
 	cache  []member // raw cache, in order; nil when cold
 	latest int64
@@ -204,7 +208,7 @@ func (c *Client) Body(cfg Config, t int64) []byte {
 		if i, ok := index[section]; ok {
 			cached = members[i].raw
 		}
-		if reflect.DeepEqual(normalize(cached), normalizeDesired(desired)) {
+		if reflect.DeepEqual(normalize(cached), normalizeDesired(desired)) && !slices.Contains(c.Restamp, section) {
 			continue
 		}
 		items := make([]map[string]any, len(desired))
