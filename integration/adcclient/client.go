@@ -245,11 +245,21 @@ func (c *Client) Sync(ctx context.Context, cfg Config) (*Result, error) {
 			return nil, fmt.Errorf("cold sync: %w", err)
 		}
 	}
+	t := c.NextT()
+	return c.Put(ctx, c.Body(cfg, t), t)
+}
+
+// NextT is the T of the next sync: a clock that never goes back past the cache's.
+func (c *Client) NextT() int64 {
 	t := c.now()
 	if c.latest >= t {
 		t = c.latest + 1
 	}
-	body := c.Body(cfg, t)
+	return t
+}
+
+// Put sends a body built by Body for T t, and on a 2xx takes it as the new cache.
+func (c *Client) Put(ctx context.Context, body []byte, t int64) (*Result, error) {
 	sum := sha1.Sum(body)
 	res, err := c.do(ctx, http.MethodPut, "/apisix/admin/configs", body, map[string]string{
 		"X-API-KEY": c.Key, "x-digest": hex.EncodeToString(sum[:]),
