@@ -33,6 +33,10 @@ type stack struct {
 	proxyURL string // confshim
 	metrics  *metrics.Metrics
 	logs     *syncBuffer
+
+	opts      stackOptions
+	timeout   time.Duration
+	stopProxy func()
 }
 
 type syncBuffer struct {
@@ -58,6 +62,10 @@ type stackOptions struct {
 	// wrap lets a test put faults between confshim and the emulator.
 	wrap    func(http.Handler) http.Handler
 	timeout time.Duration
+	// re-seeding (§8.4): the watch interval, --state-dir and --admin-key
+	reseed   time.Duration
+	stateDir string
+	adminKey string
 }
 
 func newStack(t testing.TB, o stackOptions) *stack {
@@ -72,27 +80,43 @@ func newStack(t testing.TB, o stackOptions) *stack {
 	}
 	dpSrv := httptest.NewServer(dp)
 	t.Cleanup(dpSrv.Close)
-	s := &stack{em: em, dpURL: dpSrv.URL, logs: &syncBuffer{}}
-	s.metrics = metrics.New(prometheus.NewRegistry(), "test")
+	s := &stack{em: em, logs: &syncBuffer{}}
 	timeout := o.timeout
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
+	s.dpURL, s.opts, s.timeout = dpSrv.URL, o, timeout
+	s.startProxy(t)
+	return s
+}
+
+// startProxy starts (or, called again, restarts) confshim in front of the data plane.
+func (s *stack) startProxy(t testing.TB) {
+	t.Helper()
+	s.metrics = metrics.New(prometheus.NewRegistry(), "test")
 	p, err := proxy.New(proxy.Config{
-		Upstream:        dpSrv.URL,
+		Upstream:        s.dpURL,
 		Preserve:        rewrite.DefaultPreserve,
 		MaxBodyBytes:    64 << 20,
-		UpstreamTimeout: timeout,
+		UpstreamTimeout: s.timeout,
+		AdminKey:        s.opts.adminKey,
+		ReseedInterval:  s.opts.reseed,
+		StateDir:        s.opts.stateDir,
 		Logger:          zerolog.New(s.logs),
 		Metrics:         s.metrics,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.StartBackground(ctx)
 	pSrv := httptest.NewServer(p)
-	t.Cleanup(pSrv.Close)
+	if s.stopProxy != nil {
+		s.stopProxy()
+	}
+	s.stopProxy = func() { cancel(); pSrv.Close() }
+	t.Cleanup(s.stopProxy)
 	s.proxyURL = pSrv.URL
-	return s
 }
 
 // via returns a client talking to confshim (through=true) or to the bare data plane.

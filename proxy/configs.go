@@ -147,6 +147,7 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		p.count(res, out, resp)
+		p.keepAfterPut(resp, res, prepared, creds) // before remember: it reads the state the PUT was decided on
 		p.remember(resp, res, creds, out)
 		p.respond(w, resp, respBody, res)
 		return

@@ -45,6 +45,10 @@ type Config struct {
 	// a body that does not fit waits BodyBudgetWait, then gets 503.
 	BodyBudgetBytes int64
 	BodyBudgetWait  time.Duration
+	// ReseedInterval is how often the data plane is checked for a lost configuration
+	// (0: never); StateDir, when set, also keeps the configuration on disk.
+	ReseedInterval time.Duration
+	StateDir       string
 	// AllowCIDRs, when not empty, is who may talk to the Admin API through confshim,
 	// checked against the TCP peer (never X-Forwarded-For).
 	AllowCIDRs []netip.Prefix
@@ -81,6 +85,11 @@ type Proxy struct {
 	budget     *bodyBudget   // request bodies buffered at once
 	writes     atomic.Uint64 // configs PUTs forwarded: a probe from before another is stale
 	noHead     atomic.Bool   // HEAD /apisix/admin/configs answered 404: APISIX 3.13
+
+	// re-seeding (§8.4), guarded by putLock
+	kept        *keptConfig      // the data plane's configuration as of the last accepted write
+	reseedCreds credentials      // the last accepted caller's, when there is no --admin-key
+	stateFile   chan *keptConfig // to the --state-dir writer
 }
 
 // New validates cfg and returns the proxy; every error names the setting at fault.
@@ -151,6 +160,17 @@ func New(cfg Config) (*Proxy, error) {
 		ErrorLog:       StdLogger(cfg.Logger),
 	}
 	p.handler = p.routes()
+	if cfg.ReseedInterval > 0 && cfg.StateDir != "" {
+		p.stateFile = make(chan *keptConfig, 1)
+		k, err := readStateFile(cfg.StateDir)
+		switch {
+		case err != nil:
+			p.log.Warn().Str("event", "state_file").Str("error", err.Error()).Msg("the kept configuration in --state-dir cannot be read; ignored")
+		case k != nil:
+			p.kept = k
+			p.log.Info().Str("event", "state_file").Int("sections", len(k.Versions)).Msg("loaded the kept configuration from --state-dir")
+		}
+	}
 	return p, nil
 }
 

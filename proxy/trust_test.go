@@ -45,7 +45,11 @@ func TestBodyBudgetAnswers503WithRetryAfter(t *testing.T) {
 			<-hold
 		}
 		em.ServeHTTP(w, r)
-	}), func(c *Config) { c.MaxBodyBytes = 1 << 10; c.BodyBudgetBytes = 1 << 10; c.BodyBudgetWait = 50 * time.Millisecond })
+	}), func(c *Config) {
+		c.MaxBodyBytes = 1 << 10
+		c.BodyBudgetBytes = 1 << 10
+		c.BodyBudgetWait = 50 * time.Millisecond
+	})
 	body := `{"routes_conf_version":1,"pad":"` + strings.Repeat("a", 900) + `"}`
 	first := make(chan int, 1)
 	go func() {

@@ -564,3 +564,38 @@ func clip(name string) string {
 
 // Clip is clip for the proxy's log lines.
 func Clip(name string) string { return clip(name) }
+
+// SectionOutcome is one section the data plane knows, as it stands after a 202 to the
+// forwarded body: its version, and whether its items are now the body's.
+type SectionOutcome struct {
+	Section string
+	Version float64
+	// FromBody: APISIX took the section's items from the body (its version moved);
+	// otherwise it kept what it held.
+	FromBody bool
+}
+
+// Outcomes lists the sections the data plane knows after a 202 to the forwarded body.
+func (r *Result) Outcomes() []SectionOutcome {
+	out := make([]SectionOutcome, 0, len(r.sections))
+	for _, o := range r.sections {
+		if o.dpKnows {
+			out = append(out, SectionOutcome{Section: o.section, Version: o.applied, FromBody: o.applied != o.current})
+		}
+	}
+	return out
+}
+
+// JSONItems returns a section's items as the client's JSON body holds them (nil when
+// the body has none); false for a YAML body, whose items are not JSON.
+func (p *Prepared) JSONItems(section string) ([]byte, bool) {
+	if p.yaml {
+		return nil, false
+	}
+	sl := p.obj.slot(section)
+	if sl.items < 0 {
+		return nil, true
+	}
+	m := p.obj.members[sl.items]
+	return p.body[m.valueStart:m.valueEnd], true
+}

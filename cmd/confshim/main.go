@@ -60,6 +60,8 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		Preserve:                   opts.preserve,
 		MaxBodyBytes:               opts.maxBodyBytes,
 		BodyBudgetBytes:            opts.bodyBudgetBytes,
+		ReseedInterval:             opts.reseedInterval,
+		StateDir:                   opts.stateDir,
 		UpstreamTimeout:            opts.upstreamTimeout,
 		AdminKey:                   opts.adminKey,
 		AllowCIDRs:                 opts.allowCIDRs,
@@ -121,6 +123,9 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		IdleTimeout:       60 * time.Second,
 		ErrorLog:          proxy.StdLogger(logger),
 	}
+	bgCtx, stopBackground := context.WithCancel(context.Background())
+	defer stopBackground()
+	p.StartBackground(bgCtx)
 	errc := make(chan error, 2)
 	go func() { errc <- proxySrv.Serve(proxyLn) }()
 	go func() { errc <- metricsSrv.Serve(metricsLn) }()

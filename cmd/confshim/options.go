@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -173,6 +174,13 @@ func parseOptions(args []string, lookupEnv func(string) (string, bool)) (*option
 		o.reseedInterval = d
 	}
 	o.stateDir = get("state-dir")
+	if o.stateDir != "" {
+		if err := os.MkdirAll(o.stateDir, 0o700); err != nil {
+			bad("state-dir", "%v", err)
+		} else if fi, err := os.Stat(o.stateDir); err != nil || !fi.IsDir() {
+			bad("state-dir", "%q is not a directory", o.stateDir)
+		}
+	}
 	o.upstreamTimeout = duration("upstream-timeout")
 	o.shutdownTimeout = duration("shutdown-timeout")
 	o.adminKey = get("admin-key")

@@ -1,0 +1,227 @@
+package integration
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The §8.4 stories: a data plane that restarted empty is re-seeded by confshim, with no
+// client involved.
+
+const watch = 100 * time.Millisecond // the tests' --reseed-interval
+
+// waitRestored polls until the data plane holds routes again and returns how long it took.
+func waitRestored(t *testing.T, s *stack) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for s.em.Document() == nil || s.em.Document()["routes"] == nil {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("not re-seeded after 5 s; log:\n%s", s.logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// waitLog waits until the log holds n lines with event.
+func waitLog(t *testing.T, s *stack, event string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(s.logs.String(), `"event":"`+event+`"`) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %d %s lines; log:\n%s", n, event, s.logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// settle lets the watcher run a few times (only where nothing may happen).
+func settle() { time.Sleep(3 * watch) }
+
+func TestReseedAfterDataPlaneRestart(t *testing.T) {
+	s := newStack(t, stackOptions{reseed: watch})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, config("v1")))
+	registerSecrets(t, s) // straight to the data plane: the watcher reads it back once
+	waitLog(t, s, "kept_refreshed", 1)
+	before := s.em.Document()
+	s.em.Restart()
+	took := waitRestored(t, s)
+	t.Logf("re-seeded %v after the restart (watch every %v)", took, watch)
+	if took > 2*time.Second {
+		t.Fatalf("re-seeded after %v, want within 2 s", took)
+	}
+	after := s.em.Document()
+	for _, k := range []string{"routes", "secrets", "routes_conf_version", "secrets_conf_version", "upstreams_conf_version", "consumers"} {
+		if b, a := jsonOf(before[k]), jsonOf(after[k]); a != b {
+			t.Fatalf("%s: before the restart %s, after the re-seed %s", k, b, a)
+		}
+	}
+	if got := counter(s.metrics.Reseeds.WithLabelValues("restored")); got != 1 {
+		t.Fatalf("reseeds_total{restored} = %v", got)
+	}
+	mustContain(t, s.logs.String(), `"event":"reseed"`)
+	if strings.Contains(s.logs.String(), "example-vault-token") {
+		t.Fatal("the re-seed log line carries items")
+	}
+	// the client's next sync, from its unchanged cache, lands with nothing lost
+	res := sync1(t, c, config("v2"))
+	mustLand(t, res)
+	mustContain(t, s.items(t, "secrets"), "vault/1")
+	if got, want := s.items(t, "routes"), routesOf("v2"); got != want {
+		t.Fatalf("routes %s, want %s", got, want)
+	}
+}
+
+func jsonOf(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func TestReseedAfterConfshimRestartWithStateDir(t *testing.T) {
+	dir := t.TempDir()
+	s := newStack(t, stackOptions{reseed: watch, stateDir: dir, adminKey: adminKey})
+	mustLand(t, sync1(t, s.client(true), config("v1")))
+	registerSecrets(t, s)
+	waitLog(t, s, "kept_refreshed", 1)
+	file := filepath.Join(dir, "confshim-state.json")
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if data, _ := os.ReadFile(file); strings.Contains(string(data), "example-vault-token") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the state file never held the out-of-band secrets")
+		}
+	}
+	if info, err := os.Stat(file); err != nil || info.Mode().Perm() != 0o600 {
+		t.Fatalf("state file: %v %v", info, err)
+	}
+	s.startProxy(t) // confshim restarts: its memory is gone, the file is not
+	s.em.Restart()
+	took := waitRestored(t, s)
+	t.Logf("re-seeded from --state-dir %v after the restart", took)
+	mustContain(t, s.items(t, "secrets"), "vault/1")
+	if got, want := s.items(t, "routes"), routesOf("v1"); got != want {
+		t.Fatalf("routes %s, want %s", got, want)
+	}
+}
+
+func TestNoReseedWithoutStateDirAfterConfshimRestart(t *testing.T) {
+	s := newStack(t, stackOptions{reseed: watch, adminKey: adminKey})
+	mustLand(t, sync1(t, s.client(true), config("v1")))
+	s.startProxy(t) // memory only: nothing kept after a restart
+	s.em.Restart()
+	settle()
+	if s.em.Document() != nil {
+		t.Fatal("re-seeded from nothing")
+	}
+}
+
+func TestReseedLeavesAnotherConfigurationAlone(t *testing.T) {
+	var hold sync.RWMutex // held: the watcher's HEADs wait
+	s := newStack(t, stackOptions{reseed: watch, wrap: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodHead {
+				hold.RLock()
+				hold.RUnlock() //nolint:staticcheck // a gate, not a critical section
+			}
+			next.ServeHTTP(w, r)
+		})
+	}})
+	mustLand(t, sync1(t, s.client(true), config("v1")))
+	// the data plane comes back with someone else's configuration before the watcher looks
+	hold.Lock()
+	s.em.Restart()
+	other := `{"routes_conf_version":1,"routes":[{"id":"theirs","uri":"/theirs"}]}`
+	if status, _ := rawPut(t, s.dpURL, other, "theirs"); status != http.StatusAccepted {
+		t.Fatalf("the other writer: %d", status)
+	}
+	hold.Unlock()
+	waitLog(t, s, "kept_refreshed", 1) // the watcher saw it, and keeps it from now on
+	mustContain(t, s.items(t, "routes"), "/theirs")
+	if got := counter(s.metrics.Reseeds.WithLabelValues("restored")); got != 0 {
+		t.Fatalf("overwrote a data plane that held a configuration (%v re-seeds)", got)
+	}
+}
+
+func TestReseedRetriesWhenTheDataPlaneFailsMidway(t *testing.T) {
+	var dropOne atomic.Bool
+	s := newStack(t, stackOptions{reseed: watch, wrap: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPut && dropOne.CompareAndSwap(true, false) {
+				conn, _, _ := http.NewResponseController(w).Hijack()
+				conn.(*net.TCPConn).SetLinger(0)
+				conn.Close() // restarted again mid-re-seed
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}})
+	mustLand(t, sync1(t, s.client(true), config("v1")))
+	dropOne.Store(true)
+	s.em.Restart()
+	waitRestored(t, s)
+	if failed := counter(s.metrics.Reseeds.WithLabelValues("failed")); failed != 1 {
+		t.Fatalf("reseeds_total{failed} = %v, want 1", failed)
+	}
+	if got, want := s.items(t, "routes"), routesOf("v1"); got != want {
+		t.Fatalf("routes %s, want %s", got, want)
+	}
+}
+
+func TestClientSyncDuringReseed(t *testing.T) {
+	release := make(chan struct{})
+	var slowed atomic.Bool
+	s := newStack(t, stackOptions{reseed: watch, wrap: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPut && slowed.CompareAndSwap(true, false) {
+				<-release // the re-seed PUT is in flight
+			}
+			next.ServeHTTP(w, r)
+		})
+	}})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, config("v1")))
+	slowed.Store(true)
+	s.em.Restart()
+	for slowed.Load() { // until the re-seed PUT is in flight
+		time.Sleep(5 * time.Millisecond)
+	}
+	done := make(chan int, 1)
+	go func() { done <- sync1(t, c, config("v2")).Status }()
+	time.Sleep(2 * watch) // the client's sync waits for the PUT lock
+	close(release)
+	if status := <-done; status/100 != 2 {
+		t.Fatalf("the client's sync during the re-seed: %d", status)
+	}
+	if got, want := s.items(t, "routes"), routesOf("v2"); got != want {
+		t.Fatalf("routes %s, want the client's %s", got, want)
+	}
+}
+
+func TestReseedOffOnAPISIX313(t *testing.T) {
+	s := newStack(t, stackOptions{reseed: watch, version: "3.13.0"})
+	mustLand(t, sync1(t, s.client(true), config("v1")))
+	settle()
+	if n := strings.Count(s.logs.String(), `"event":"reseed_off"`); n != 1 {
+		t.Fatalf("want re-seeding declared off once, said %d times", n)
+	}
+}
+
+func TestCorruptStateFileIsIgnored(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "confshim-state.json"), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := newStack(t, stackOptions{reseed: watch, stateDir: dir})
+	mustContain(t, s.logs.String(), "cannot be read; ignored")
+	mustLand(t, sync1(t, s.client(true), config("v1")))
+}
