@@ -65,7 +65,7 @@ func endpoints(tb testing.TB, state []byte) (direct, bare, confshim endpoint) {
 	bareSrv := httptest.NewServer(rp)
 	tb.Cleanup(bareSrv.Close)
 	p, err := proxy.New(proxy.Config{Upstream: dp.URL, Preserve: rewrite.DefaultPreserve, MaxBodyBytes: 64 << 20,
-		UpstreamTimeout: time.Minute, Logger: zerolog.Nop(), Metrics: metrics.New(prometheus.NewRegistry(), "bench")})
+		UpstreamTimeout: time.Minute, ReseedInterval: time.Second, Logger: zerolog.Nop(), Metrics: metrics.New(prometheus.NewRegistry(), "bench")})
 	if err != nil {
 		tb.Fatal(err)
 	}
