@@ -11,6 +11,7 @@ ARG VERSION=dev
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" \
     -o /out/confshim ./cmd/confshim
+RUN mkdir -p /out/state && chmod 0700 /out/state
 
 FROM gcr.io/distroless/static-debian12:nonroot
 ARG VERSION=dev
@@ -20,6 +21,8 @@ LABEL org.opencontainers.image.title="confshim" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://github.com/confshim/confshim"
 COPY --from=build /out/confshim /confshim
+# --state-dir's usual place, owned by the nonroot user (a named volume copies it)
+COPY --from=build --chown=65532:65532 /out/state /var/lib/confshim
 USER 65532:65532
 EXPOSE 9280 9281
 ENTRYPOINT ["/confshim"]

@@ -61,6 +61,25 @@ func decodeAll(t *testing.T, data []byte) []obj {
 	}
 }
 
+func asList(v any) []any {
+	l, _ := v.([]any)
+	return l
+}
+
+// checkStateVolume: the confshim-state volume is a pod-lifetime tmpfs (it holds secrets).
+func checkStateVolume(t *testing.T, volumes any) {
+	t.Helper()
+	for _, v := range asList(volumes) {
+		if get(v, "name") == "confshim-state" {
+			if get(v, "emptyDir", "medium") != "Memory" {
+				t.Fatalf("confshim-state must be an in-memory emptyDir: %v", v)
+			}
+			return
+		}
+	}
+	t.Fatal("no confshim-state volume")
+}
+
 func findContainer(spec any, name string) obj {
 	containers, _ := get(spec, "containers").([]any)
 	for _, c := range containers {
@@ -98,6 +117,13 @@ func checkSidecar(t *testing.T, c obj) {
 		t.Fatalf("resources: %v", get(c, "resources"))
 	}
 	args := fmt.Sprint(get(c, "args"))
+	mounted := false
+	for _, m := range asList(get(c, "volumeMounts")) {
+		mounted = mounted || (get(m, "name") == "confshim-state" && get(m, "mountPath") == "/var/lib/confshim")
+	}
+	if !mounted || !strings.Contains(args, "--state-dir=/var/lib/confshim") {
+		t.Fatalf("re-seeding after a confshim restart needs --state-dir on the confshim-state volume: args %s", args)
+	}
 	for _, want := range []string{"--listen=" + defaultListen, "--upstream=" + defaultUpstream, "--metrics-listen=" + defaultMetrics} {
 		if !strings.Contains(args, want) {
 			t.Fatalf("args %s lack %s", args, want)
@@ -127,6 +153,7 @@ func TestKustomizeOverlay(t *testing.T) {
 	}
 	spec := get(deployment, "spec", "template", "spec")
 	checkSidecar(t, findContainer(spec, "confshim"))
+	checkStateVolume(t, get(spec, "volumes"))
 	if findContainer(spec, "apisix") == nil {
 		t.Fatal("the APISIX container must stay")
 	}
@@ -146,6 +173,7 @@ func TestHelmValuesSnippet(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkSidecar(t, get(values, "extraContainers", 0).(obj))
+	checkStateVolume(t, get(values, "extraVolumes"))
 	if get(values, "apisix", "admin", "ip") != "127.0.0.1" || str(get(values, "apisix", "admin", "port")) != "9180" {
 		t.Fatal("APISIX's Admin API must listen on loopback:9180, where confshim's --upstream points")
 	}
@@ -172,6 +200,9 @@ func TestComposeAgreesWithDefaults(t *testing.T) {
 		t.Fatal("confshim must share APISIX's network namespace to reach its loopback Admin API")
 	}
 	env := get(cs, "environment")
+	if get(env, "CONFSHIM_STATE_DIR") != "/var/lib/confshim" || !strings.Contains(fmt.Sprint(get(cs, "volumes")), "confshim-state:/var/lib/confshim") {
+		t.Fatalf("re-seeding after a confshim restart needs CONFSHIM_STATE_DIR on a volume: %v", cs)
+	}
 	if get(env, "CONFSHIM_LISTEN") != defaultListen || get(env, "CONFSHIM_METRICS_LISTEN") != defaultMetrics || get(env, "CONFSHIM_UPSTREAM") != defaultUpstream {
 		t.Fatalf("confshim environment %v disagrees with the defaults", env)
 	}

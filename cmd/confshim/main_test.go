@@ -192,18 +192,21 @@ func TestShutdownDrainsInFlightRequests(t *testing.T) {
 	}
 }
 
-// TestReadmeUsage keeps the README's command-line section equal to --help.
-func TestReadmeUsage(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, after, ok := strings.Cut(string(readme), "<!-- usage:begin -->\n```\n")
-	block, _, ok2 := strings.Cut(after, "```\n<!-- usage:end -->")
-	if !ok || !ok2 {
-		t.Fatal("README has no usage block")
-	}
-	if block != usage() {
-		t.Fatalf("README's usage block differs from --help; paste this:\n%s", usage())
+// TestUsageBlocksMatchHelp keeps the README's and the operations guide's command-line
+// sections equal to --help: one source for the flag table.
+func TestUsageBlocksMatchHelp(t *testing.T) {
+	for _, path := range []string{"../../README.md", "../../docs/operations.md"} {
+		doc, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, after, ok := strings.Cut(string(doc), "<!-- usage:begin -->\n```\n")
+		block, _, ok2 := strings.Cut(after, "```\n<!-- usage:end -->")
+		if !ok || !ok2 {
+			t.Fatalf("%s has no usage block", path)
+		}
+		if block != usage() {
+			t.Fatalf("%s's usage block differs from --help; paste this:\n%s", path, usage())
+		}
 	}
 }
