@@ -5,8 +5,10 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 ADMIN_KEY ?= confshim-demo-key
 BENCHTIME ?= 1s
 FUZZTIME  ?= 60s
+STATICCHECK_VERSION ?= v0.8.2
+PROMTOOL  ?= promtool
 
-.PHONY: all build test run bench load lint fuzz integration docker clean
+.PHONY: all build test run bench load lint monitoring fuzz integration docker clean
 
 all: lint test build
 
@@ -14,11 +16,11 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/confshim ./cmd/confshim
 	$(GO) build -o bin/apisix-standalone ./integration/cmd/apisix-standalone
 
-# vet + the race-enabled suite; slow or Docker-bound tests live behind -short / build tags.
-test:
-	$(GO) vet ./...
+# lint, the alert rules' tests, the race-enabled suite, then the tests that measure
+# memory (only meaningful without -race). Docker-bound tests live behind build tags.
+test: lint monitoring
 	$(GO) test -race -count=1 ./...
-	$(GO) test -count=1 -run 'TestMemoryStaysBounded' ./integration/  # memory is only meaningful without -race
+	$(GO) test -count=1 -run 'TestMemory|TestLargeBodies|TestMonitoring' ./integration/
 
 # The emulated APISIX data plane on 127.0.0.1:9180 and confshim in front of it on :9280.
 # Ctrl-C stops both.
@@ -36,16 +38,28 @@ bench:
 load:
 	$(GO) test -tags load -count=1 -run TestLoad -v ./integration/ | grep -E '^load|^(ok|FAIL|---)'
 
+# gofmt, go vet, staticcheck (pinned; go run fetches it from the module proxy on a fresh
+# machine) and go.mod/go.sum as go mod tidy would leave them.
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	$(GO) mod tidy -diff
+
+# promtool check + unit tests of deploy/monitoring's alerts. promtool comes with Debian's
+# prometheus package, installed here when missing (CI runs as root on a fresh machine).
+monitoring:
+	@command -v $(PROMTOOL) >/dev/null 2>&1 || { echo "installing promtool (Debian package prometheus)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	cd deploy/monitoring && $(PROMTOOL) check rules rules.yaml && $(PROMTOOL) test rules rules_test.yaml
 
 # Each fuzz target for FUZZTIME; a finding is written to testdata/fuzz/ — commit it.
 # Minimising a new input is capped at 10 s (the default 60 s stalls the run on big seeds).
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./rewrite/
 	$(GO) test -run '^$$' -fuzz '^FuzzRewrite$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./rewrite/
-	$(GO) test -run '^$$' -fuzz '^FuzzYAML$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./rewrite/
+	$(GO) test -run '^$$' -fuzz '^FuzzYAMLScan$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./rewrite/
+	$(GO) test -run '^$$' -fuzz '^FuzzYAMLSplice$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./rewrite/
 	$(GO) test -run '^$$' -fuzz '^FuzzProxyPut$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./proxy/
 
 integration:

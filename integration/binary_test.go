@@ -9,12 +9,14 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,9 +56,10 @@ func confshimBinary(t *testing.T) string {
 
 // runningBinary is a confshim process.
 type runningBinary struct {
-	cmd  *exec.Cmd
-	url  string
-	logs *syncBuffer
+	cmd        *exec.Cmd
+	url        string
+	metricsURL string
+	logs       *syncBuffer
 }
 
 // startBinary runs confshim in front of upstream with extra flags and waits until it
@@ -75,7 +78,7 @@ func startBinary(t *testing.T, upstream string, extra ...string) *runningBinary 
 	}
 	b := &runningBinary{cmd: cmd, logs: &syncBuffer{}}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	addr := make(chan string, 1)
+	addr := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -83,17 +86,18 @@ func startBinary(t *testing.T, upstream string, extra ...string) *runningBinary 
 			line := sc.Text()
 			_, _ = b.logs.Write([]byte(line + "\n"))
 			var ev struct {
-				Message string `json:"message"`
-				Listen  string `json:"listen"`
+				Message       string `json:"message"`
+				Listen        string `json:"listen"`
+				MetricsListen string `json:"metrics_listen"`
 			}
 			if json.Unmarshal([]byte(line), &ev) == nil && ev.Message == "confshim started" {
-				addr <- ev.Listen
+				addr <- [2]string{ev.Listen, ev.MetricsListen}
 			}
 		}
 	}()
 	select {
 	case a := <-addr:
-		b.url = "http://" + a
+		b.url, b.metricsURL = "http://"+a[0], "http://"+a[1]
 	case <-time.After(30 * time.Second):
 		t.Fatalf("confshim did not start:\n%s", b.logs.String())
 	}
@@ -252,4 +256,64 @@ func bigYAML(n int) []byte {
 		fmt.Fprintf(&sb, "  - id: r%d\n    uri: /route/%d\n    desc: a route of the large configuration\n", i, i)
 	}
 	return []byte(sb.String())
+}
+
+// TestMonitoringUsesOnlyMetricsThatExist scrapes a fresh binary once: every metric that
+// deploy/monitoring's alerts and dashboard name is there from the first scrape.
+func TestMonitoringUsesOnlyMetricsThatExist(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs the binary")
+	}
+	em, _ := emulator.New(emulator.Options{AdminKey: adminKey})
+	srv := httptest.NewServer(em)
+	defer srv.Close()
+	b := startBinary(t, srv.URL)
+	resp, err := http.Get(b.metricsURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	scrape, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	exposed := map[string]bool{}
+	for _, line := range strings.Split(string(scrape), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name := line[:strings.IndexAny(line, "{ ")]
+		exposed[name] = true
+	}
+	var queries []string
+	rules, _ := os.ReadFile("../deploy/monitoring/rules.yaml")
+	for _, line := range strings.Split(string(rules), "\n") {
+		if strings.Contains(line, "expr:") || strings.HasPrefix(strings.TrimSpace(line), "sum ") || strings.HasPrefix(strings.TrimSpace(line), "and") {
+			queries = append(queries, line)
+		}
+	}
+	var dash struct {
+		Panels []struct {
+			Targets []struct{ Expr string } `json:"targets"`
+		} `json:"panels"`
+	}
+	data, _ := os.ReadFile("../deploy/monitoring/dashboard.json")
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range dash.Panels {
+		for _, q := range p.Targets {
+			queries = append(queries, q.Expr)
+		}
+	}
+	names := regexp.MustCompile(`\b(confshim|go|process)_[a-z0-9_]+`)
+	checked := 0
+	for _, q := range queries {
+		for _, name := range names.FindAllString(q, -1) {
+			checked++
+			if !exposed[name] {
+				t.Errorf("%s is used by deploy/monitoring but not exposed at the first scrape", name)
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("only %d metric references found: the parsing is broken", checked)
+	}
 }

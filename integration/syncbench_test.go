@@ -45,9 +45,10 @@ func BenchmarkSync(b *testing.B) {
 					case "one-route":
 						variant = flip[variant]
 					case "leader-change":
-						variant = flip[variant]
 						other.Invalidate()
-						if res := sync1(b, other, base("x"+variant)); res.Status/100 != 2 {
+						theirs := base(variant) // another view of the world: other upstream nodes
+						theirs["upstreams"][0]["nodes"] = []any{map[string]any{"host": "10.0.0.99", "port": 8080, "weight": 1}}
+						if res := sync1(b, other, theirs); res.Status/100 != 2 {
 							b.Fatalf("the other leader: %d", res.Status)
 						}
 					}

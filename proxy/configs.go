@@ -430,11 +430,10 @@ func (c cancelOnClose) Close() error {
 
 // outgoingPut is the PUT confshim forwards: the body and the X-Digest to send.
 type outgoingPut struct {
-	body        []byte
-	digest      string
-	setDigest   bool
-	noop        bool // the data plane's own digest, so that APISIX answers 204 (§8.2)
-	contentType string
+	body      []byte
+	digest    string
+	setDigest bool
+	noop      bool // the data plane's own digest, so that APISIX answers 204 (§8.2)
 }
 
 // outgoing builds what to forward: the client's bytes, or the rewritten ones.

@@ -23,6 +23,8 @@ type luaNull struct{}
 type table = map[string]any
 
 // errEncode mirrors lua-cjson refusing NaN and Infinity.
+//
+//lint:ignore ST1005 lua-cjson's own text, which APISIX puts in its answer
 var errEncode = errors.New("Cannot serialise number: must not be NaN or Infinity")
 
 type cjsonDecoder struct {
@@ -58,6 +60,7 @@ func (d *cjsonDecoder) fail(expected string, t cjsonToken) error {
 	if t.kind == "T_ERROR" {
 		found = t.err
 	}
+	//lint:ignore ST1005 lua-cjson's own text, which APISIX puts in its answer
 	return fmt.Errorf("Expected %s but found %s at character %d", expected, found, t.index+1)
 }
 
@@ -78,6 +81,7 @@ func (d *cjsonDecoder) value(t cjsonToken) (any, error) {
 func (d *cjsonDecoder) nest(t cjsonToken) error {
 	d.depth++
 	if d.depth > 1000 {
+		//lint:ignore ST1005 lua-cjson's own text, which APISIX puts in its answer
 		return fmt.Errorf("Found too many nested data structures (%d) at character %d", d.depth, t.index+1)
 	}
 	return nil
