@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -115,13 +116,20 @@ func TestSlowClientDoesNotHoldThePutLock(t *testing.T) {
 		resp.Body.Close()
 		slowDone <- resp.StatusCode
 	}()
-	_, _ = io.WriteString(pw, `{"routes_conf_version":`) // half a body, then silence
-	time.Sleep(50 * time.Millisecond)
-	start := time.Now()
-	r := do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":5}`, withKey(map[string]string{"X-Digest": "fast"}))
-	if r.status != http.StatusAccepted || time.Since(start) > 2*time.Second {
-		t.Fatalf("the fast PUT waited for the slow one: %d after %s", r.status, time.Since(start))
+	_, _ = io.WriteString(pw, `{"routes_conf_version":`)       // half a body, then silence
+	waitUntil(t, func() bool { return len(f.rec.all()) >= 1 }) // the slow PUT was probed and is being read
+	// the fast PUT lands while the slow body is still incomplete: had the slow client
+	// held the lock, this would wait until the test's deadline
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "PUT", f.url+"/apisix/admin/configs", strings.NewReader(`{"routes_conf_version":5}`))
+	req.Header.Set("X-API-KEY", key)
+	req.Header.Set("X-Digest", "fast")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("the fast PUT waited for the slow one: %v %v", resp, err)
 	}
+	resp.Body.Close()
 	_, _ = io.WriteString(pw, `6}`)
 	pw.Close()
 	if got := <-slowDone; got != http.StatusAccepted {
@@ -199,9 +207,15 @@ func TestUpstreamTLS(t *testing.T) {
 func TestGetsGoOnWhileAPutIsInFlight(t *testing.T) {
 	em, _ := emulator.New(emulator.Options{AdminKey: key})
 	release := make(chan struct{})
-	entered := make(chan struct{}, 1)
+	entered := make(chan struct{}, 2)
+	var inFlight, maxInFlight atomic.Int32
 	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPut {
+			n := inFlight.Add(1)
+			defer inFlight.Add(-1)
+			if n > maxInFlight.Load() {
+				maxInFlight.Store(n)
+			}
 			entered <- struct{}{}
 			<-release
 		}
@@ -212,26 +226,34 @@ func TestGetsGoOnWhileAPutIsInFlight(t *testing.T) {
 		putDone <- do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":1}`, withKey(map[string]string{"X-Digest": "a"})).status
 	}()
 	<-entered
-	start := time.Now()
-	if r := do(t, "GET", f.url+"/apisix/admin/configs", "", withKey(nil)); r.status != http.StatusOK || time.Since(start) > time.Second {
-		t.Fatalf("GET during a PUT: %d after %s", r.status, time.Since(start))
+	// a GET completes while the PUT is held at APISIX: it does not wait for the lock
+	if r := do(t, "GET", f.url+"/apisix/admin/configs", "", withKey(nil)); r.status != http.StatusOK {
+		t.Fatalf("GET during a PUT: %d", r.status)
 	}
+	heads := func() int {
+		n := 0
+		for _, s := range f.rec.all() {
+			if s.method == http.MethodHead {
+				n++
+			}
+		}
+		return n
+	}
+	before := heads()
 	second := make(chan int, 1)
 	go func() {
 		second <- do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":2}`, withKey(map[string]string{"X-Digest": "b"})).status
 	}()
-	select {
-	case <-entered:
-		t.Fatal("a second PUT reached APISIX while the first was in flight")
-	case <-time.After(200 * time.Millisecond):
-	}
+	waitUntil(t, func() bool { return heads() > before }) // the second PUT was probed: it is on its way
 	close(release)
 	if got := <-putDone; got != http.StatusAccepted {
 		t.Fatalf("first PUT: %d", got)
 	}
-	<-entered
 	if got := <-second; got != http.StatusAccepted {
 		t.Fatalf("second PUT: %d", got)
+	}
+	if maxInFlight.Load() != 1 {
+		t.Fatalf("%d PUTs reached APISIX at once: they must be serialised", maxInFlight.Load())
 	}
 }
 

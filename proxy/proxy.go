@@ -45,6 +45,8 @@ type Config struct {
 	// a body that does not fit waits BodyBudgetWait, then gets 503.
 	BodyBudgetBytes int64
 	BodyBudgetWait  time.Duration
+	// ReadyWindow: one upstream answer keeps Ready true this long (0: 10 s, contract §7).
+	ReadyWindow time.Duration
 	// ReseedInterval is how often the data plane is checked for a lost configuration
 	// (0: never); StateDir, when set, also keeps the configuration on disk.
 	ReseedInterval time.Duration
@@ -121,6 +123,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.BodyBudgetBytes < cfg.MaxBodyBytes {
 		errs = append(errs, errors.New("--body-budget-bytes: must be at least --max-body-bytes"))
+	}
+	if cfg.ReadyWindow <= 0 {
+		cfg.ReadyWindow = 10 * time.Second
 	}
 	if cfg.BodyBudgetWait <= 0 {
 		cfg.BodyBudgetWait = 10 * time.Second
@@ -345,10 +350,10 @@ func (w stdWriter) Write(p []byte) (int, error) {
 
 func (p *Proxy) sawUpstream() { p.lastAnswer.Store(time.Now().UnixNano()) }
 
-// Ready reports whether the data plane answered any request within the last 10 s or
+// Ready reports whether the data plane answered any request within ReadyWindow or
 // answers HEAD /apisix/admin now within 2 s (contract §7).
 func (p *Proxy) Ready(ctx context.Context) bool {
-	if time.Since(time.Unix(0, p.lastAnswer.Load())) < 10*time.Second {
+	if time.Since(time.Unix(0, p.lastAnswer.Load())) < p.cfg.ReadyWindow {
 		return true
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)

@@ -29,6 +29,12 @@ import (
 // version is stamped at build time: -ldflags "-X main.version=…".
 var version = "dev"
 
+// Tests shorten these; they are the contract's values otherwise.
+var (
+	readyWindow       = 10 * time.Second // one upstream answer keeps /readyz 200 this long (§7)
+	certCheckInterval = time.Second      // how often the TLS files are checked for a rotation
+)
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr, nil)
@@ -60,6 +66,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		Preserve:                   opts.preserve,
 		MaxBodyBytes:               opts.maxBodyBytes,
 		BodyBudgetBytes:            opts.bodyBudgetBytes,
+		ReadyWindow:                readyWindow,
 		ReseedInterval:             opts.reseedInterval,
 		StateDir:                   opts.stateDir,
 		UpstreamTimeout:            opts.upstreamTimeout,
@@ -81,7 +88,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	}
 	var tlsConfig *tls.Config
 	if opts.tlsCertFile != "" {
-		reloader, err := newCertReloader(opts.tlsCertFile, opts.tlsKeyFile, logger)
+		reloader, err := newCertReloader(opts.tlsCertFile, opts.tlsKeyFile, certCheckInterval, logger)
 		if err != nil {
 			fmt.Fprintln(stderr, err)
 			return 2

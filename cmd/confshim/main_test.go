@@ -121,9 +121,12 @@ func get(t *testing.T, url string) int {
 }
 
 func TestHealthAndReadiness(t *testing.T) {
+	defer func(w time.Duration) { readyWindow = w }(readyWindow)
+	readyWindow = 100 * time.Millisecond // how long one answer keeps confshim ready
 	em, _ := emulator.New(emulator.Options{})
 	dp := httptest.NewServer(em)
 	a, stop := start(t, dp.URL)
+	defer stop()
 	if get(t, "http://"+a.metrics+"/healthz") != 200 || get(t, "http://"+a.metrics+"/readyz") != 200 {
 		t.Fatal("healthy and ready with the data plane up")
 	}
@@ -134,21 +137,38 @@ func TestHealthAndReadiness(t *testing.T) {
 		t.Fatal("the metrics listener never serves the proxied API")
 	}
 	dp.Close()
-	time.Sleep(10 * time.Millisecond)
-	// the last answer is recent: ready for up to 10 s; then the probe decides
+	// once the last answer is older than the window and HEAD /apisix/admin fails,
+	// /readyz turns 503; /healthz never depends on the upstream
+	waitFor(t, "/readyz 503 with the data plane down", func() bool { return get(t, "http://"+a.metrics+"/readyz") == 503 })
 	if get(t, "http://"+a.metrics+"/healthz") != 200 {
 		t.Fatal("/healthz never depends on the upstream")
 	}
-	if code := stop(); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
+}
 
-	down := httptest.NewServer(http.NotFoundHandler())
-	down.Close()
-	a, stop = start(t, down.URL)
-	defer stop()
-	if get(t, "http://"+a.metrics+"/healthz") != 200 || get(t, "http://"+a.metrics+"/readyz") != 503 {
-		t.Fatal("with the data plane down: /healthz 200, /readyz 503")
+// waitFor polls cond until it holds (a positive outcome, never a fixed sleep).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestUpstreamPasswordIsNeverPrinted(t *testing.T) {
+	var stderr strings.Builder
+	ctx, cancel := context.WithCancel(context.Background())
+	code := run(ctx, []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--upstream", "http://admin:hunter2@127.0.0.1:1"},
+		noEnv, io.Discard, &stderr, func(string, string) { cancel() })
+	if code != 0 || !strings.Contains(stderr.String(), "confshim started") || strings.Contains(stderr.String(), "hunter2") {
+		t.Fatalf("exit %d; the start line must redact the password:\n%s", code, stderr.String())
+	}
+	stderr.Reset()
+	code = run(context.Background(), []string{"--upstream", "http://admin:hunter2@[::1"}, noEnv, io.Discard, &stderr, nil)
+	if code == 0 || strings.Contains(stderr.String(), "hunter2") || !strings.Contains(stderr.String(), "--upstream") {
+		t.Fatalf("exit %d; a bad --upstream is reported without its password: %s", code, stderr.String())
 	}
 }
 
@@ -179,10 +199,8 @@ func TestShutdownDrainsInFlightRequests(t *testing.T) {
 	<-entered
 	exited := make(chan int, 1)
 	go func() { exited <- stop() }()
-	time.Sleep(100 * time.Millisecond)
-	if get(t, "http://"+a.metrics+"/readyz") != 503 {
-		t.Fatal("/readyz must be 503 from the moment shutdown starts")
-	}
+	// /readyz turns 503 once shutdown starts, while the request is still in flight
+	waitFor(t, "/readyz 503 during the drain", func() bool { return get(t, "http://"+a.metrics+"/readyz") == 503 })
 	close(gate)
 	if got := <-status; got != 200 {
 		t.Fatalf("the in-flight request was not drained: %d", got)

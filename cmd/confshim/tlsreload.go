@@ -14,6 +14,7 @@ import (
 // changes, as cert-manager rotates mounted secrets. A broken rotation keeps the old pair.
 type certReloader struct {
 	certFile, keyFile string
+	interval          time.Duration // the files are checked at most this often
 	log               zerolog.Logger
 
 	mu      sync.Mutex
@@ -22,8 +23,8 @@ type certReloader struct {
 	checked time.Time
 }
 
-func newCertReloader(certFile, keyFile string, log zerolog.Logger) (*certReloader, error) {
-	r := &certReloader{certFile: certFile, keyFile: keyFile, log: log}
+func newCertReloader(certFile, keyFile string, interval time.Duration, log zerolog.Logger) (*certReloader, error) {
+	r := &certReloader{certFile: certFile, keyFile: keyFile, interval: interval, log: log}
 	if err := r.load(); err != nil {
 		return nil, fmt.Errorf("--tls-cert-file/--tls-key-file: %v", err)
 	}
@@ -57,11 +58,11 @@ func (r *certReloader) load() error {
 	return nil
 }
 
-// GetCertificate checks the files at most once a second.
+// GetCertificate checks the files at most once an interval.
 func (r *certReloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if time.Since(r.checked) >= time.Second {
+	if time.Since(r.checked) >= r.interval {
 		r.checked = time.Now()
 		if mod, err := r.latestModTime(); err == nil && !mod.Equal(r.modTime) {
 			if err := r.load(); err != nil {

@@ -575,3 +575,79 @@ func TestStateDependentChecks(t *testing.T) {
 		})
 	}
 }
+
+// TestReloadsFollowTheStoredVersion: APISIX keeps 14 significant digits, so a version
+// that rounds to the stored one changes nothing a worker can see (no reload).
+func TestReloadsFollowTheStoredVersion(t *testing.T) {
+	em := newEm(t, "3.17.0")
+	expect(t, put(`{"routes_conf_version":123456789012340,"routes":[{"id":"r1","uri":"/a"}]}`, "a").do(t, em), 202, "")
+	before := em.Reloads()["routes"]
+	expect(t, put(`{"routes_conf_version":123456789012341,"routes":[{"id":"r1","uri":"/b"}]}`, "b").do(t, em), 202, "")
+	if got := em.Reloads()["routes"]; got != before {
+		t.Fatalf("a version stored as the same 14 digits counted a reload (%d → %d)", before, got)
+	}
+	if v := em.SectionVersion("routes"); v != 123456789012340 {
+		t.Fatalf("stored %v", v)
+	}
+	expect(t, put(`{"routes_conf_version":123456789012350,"routes":[{"id":"r1","uri":"/b"}]}`, "c").do(t, em), 202, "")
+	if got := em.Reloads()["routes"]; got != before+1 {
+		t.Fatalf("a version that survives 14 digits must reload (%d → %d)", before, got)
+	}
+}
+
+// TestCosts: what a PUT makes APISIX do (validation is version-gated, §2.1).
+func TestCosts(t *testing.T) {
+	body := `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/a"},{"id":"r2","uri":"/b"}],"upstreams_conf_version":1,"upstreams":[{"id":"u1","type":"roundrobin","nodes":{"127.0.0.1:80":1}}]}`
+	again := `{"routes_conf_version":2,"routes":[{"id":"r1","uri":"/a"},{"id":"r2","uri":"/b"}],"upstreams_conf_version":1,"upstreams":[{"id":"u1","type":"roundrobin","nodes":{"127.0.0.1:80":1}}]}`
+	for _, tc := range []struct {
+		version       string
+		wantValidated int // for the second PUT: 3.15+ validates sections kept at their version too
+	}{{"3.17.0", 3}, {"3.15.0", 3}, {"3.14.1", 2}, {"3.13.0", 2}} {
+		em := newEm(t, tc.version)
+		expect(t, put(body, "a").do(t, em), 202, "")
+		c := em.Costs()
+		expect(t, put(again, "b").do(t, em), 202, "")
+		if got := em.Costs().ItemsValidated - c.ItemsValidated; got != tc.wantValidated {
+			t.Fatalf("%s: validated %d items, want %d", tc.version, got, tc.wantValidated)
+		}
+		if got := em.Costs().BytesParsed - c.BytesParsed; got != len(again) {
+			t.Fatalf("%s: parsed %d bytes", tc.version, got)
+		}
+		if tc.version != "3.13.0" {
+			expect(t, put(body, "b").do(t, em), 204, "") // the stored digest
+			if got := em.Costs(); got.NoContent != 1 || got.Accepted != 2 {
+				t.Fatalf("%s: costs %+v", tc.version, got)
+			}
+		}
+	}
+}
+
+// TestCredentialSpellings: the key as APISIX 3.17 reads it (spec §10).
+func TestCredentialSpellings(t *testing.T) {
+	em := newEm(t, "3.17.0")
+	for _, tc := range []struct {
+		name   string
+		path   string
+		header map[string]string
+		status int
+	}{
+		{"X_API_KEY", "/apisix/admin/configs", map[string]string{"X_API_KEY": key}, 200},
+		{"X-Api_Key", "/apisix/admin/configs", map[string]string{"X-Api_Key": key}, 200},
+		{"spaces trimmed", "/apisix/admin/configs", map[string]string{"X-API-KEY": " " + key + " "}, 200},
+		{"the last of two cookies", "/apisix/admin/configs", map[string]string{"Cookie": "x_api_key=nope; x_api_key=" + key}, 200},
+		{"the first of two cookies is not it", "/apisix/admin/configs", map[string]string{"Cookie": "x_api_key=" + key + "; x_api_key=nope"}, 401},
+		{"?API_KEY= is not a key", "/apisix/admin/configs?API_KEY=" + key, nil, 401},
+		{"cookie X_API_KEY is not a key", "/apisix/admin/configs", map[string]string{"Cookie": "X_API_KEY=" + key}, 401},
+		{"the first api_key argument", "/apisix/admin/configs?api_key=" + key + "&api_key=nope", nil, 200},
+	} {
+		req := httptest.NewRequest("GET", tc.path, nil)
+		for k, v := range tc.header {
+			req.Header[k] = []string{v}
+		}
+		rec := httptest.NewRecorder()
+		em.ServeHTTP(rec, req)
+		if rec.Code != tc.status {
+			t.Errorf("%s: %d, want %d", tc.name, rec.Code, tc.status)
+		}
+	}
+}
