@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/valyala/fastjson"
+	"golang.org/x/tools/txtar"
 )
 
 // seedCorpus adds the golden requests and the recorded ADC bodies.
@@ -18,8 +19,7 @@ func seedCorpus(f *testing.F, add func(body []byte)) {
 		if err != nil {
 			f.Fatal(err)
 		}
-		a := parseArchive(data)
-		if req, ok := a.body("request.json"); ok {
+		if req, ok := body(txtar.Parse(data), "request.json"); ok {
 			add(req)
 		}
 	}

@@ -12,65 +12,37 @@ import (
 	"testing"
 
 	"github.com/valyala/fastjson"
+	"golang.org/x/tools/txtar"
 )
 
 var update = flag.Bool("update", false, "rewrite the want sections of testdata/rewrite/*.txtar")
 
-// archive is a txtar file: a comment, then "-- name --" sections.
-type archive struct {
-	comment string
-	files   map[string][]byte
-	order   []string
-}
-
-func parseArchive(data []byte) archive {
-	a := archive{files: map[string][]byte{}}
-	var name string
-	var cur []byte
-	flush := func() {
-		if name != "" {
-			a.files[name] = cur
-			a.order = append(a.order, name)
-		} else {
-			a.comment = string(cur)
-		}
-	}
-	for _, line := range strings.SplitAfter(string(data), "\n") {
-		if strings.HasPrefix(line, "-- ") && strings.HasSuffix(strings.TrimRight(line, "\n"), " --") {
-			flush()
-			name, cur = strings.TrimSuffix(strings.TrimPrefix(strings.TrimRight(line, "\n"), "-- "), " --"), nil
-			continue
-		}
-		cur = append(cur, line...)
-	}
-	flush()
-	return a
-}
-
-func (a archive) format() []byte {
-	var b bytes.Buffer
-	b.WriteString(a.comment)
-	for _, n := range a.order {
-		fmt.Fprintf(&b, "-- %s --\n", n)
-		b.Write(a.files[n])
-		if len(a.files[n]) > 0 && !bytes.HasSuffix(a.files[n], []byte("\n")) {
-			b.WriteByte('\n')
-		}
-	}
-	return b.Bytes()
-}
-
-func (a *archive) set(name string, data []byte) {
-	if _, ok := a.files[name]; !ok {
-		a.order = append(a.order, name)
-	}
-	a.files[name] = data
+// goldenFiles are the sections a golden case may have; any other name fails the test
+// (a misspelt "want.jsn" must not silently skip a check).
+var goldenFiles = map[string]bool{
+	"state.json": true, "record.json": true, "request.json": true, "request.yaml": true,
+	"digest": true, "preserve": true, "want.json": true, "want.yaml": true, "want.report": true,
 }
 
 // body returns a section without the one newline txtar adds.
-func (a archive) body(name string) ([]byte, bool) {
-	b, ok := a.files[name]
-	return bytes.TrimSuffix(b, []byte("\n")), ok
+func body(a *txtar.Archive, name string) ([]byte, bool) {
+	for _, f := range a.Files {
+		if f.Name == name {
+			return bytes.TrimSuffix(f.Data, []byte("\n")), true
+		}
+	}
+	return nil, false
+}
+
+// setFile replaces (or adds) a section, for -update.
+func setFile(a *txtar.Archive, name string, data []byte) {
+	for i, f := range a.Files {
+		if f.Name == name {
+			a.Files[i].Data = data
+			return
+		}
+	}
+	a.Files = append(a.Files, txtar.File{Name: name, Data: data})
 }
 
 // recordFrom builds a Record from {"section":{"version":N,"items":<raw>}}; the raw
@@ -150,29 +122,38 @@ func TestGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := parseArchive(data)
+			a := txtar.Parse(data)
+			for _, f := range a.Files {
+				if !goldenFiles[f.Name] {
+					t.Fatalf("unknown section %q in %s", f.Name, path)
+				}
+			}
 			preserve := DefaultPreserve
-			if p, ok := a.body("preserve"); ok {
+			if p, ok := body(a, "preserve"); ok {
 				preserve = strings.Split(strings.TrimSpace(string(p)), ",")
 			}
 			rw := New(preserve)
 			st := freshState()
-			if s, ok := a.body("state.json"); ok {
+			if s, ok := body(a, "state.json"); ok {
 				if st, err = ParseState(s); err != nil {
 					t.Fatalf("state: %v", err)
 				}
 			}
 			var rec *Record
-			if r, ok := a.body("record.json"); ok {
+			if r, ok := body(a, "record.json"); ok {
 				rec = recordFrom(t, rw, r)
 			}
-			req, _ := a.body("request.json")
+			req, _ := body(a, "request.json")
 			wantName, prepare := "want.json", rw.Prepare
-			if y, ok := a.files["request.yaml"]; ok {
-				req, wantName, prepare = y, "want.yaml", rw.PrepareYAML
+			if _, ok := body(a, "request.yaml"); ok {
+				for _, f := range a.Files {
+					if f.Name == "request.yaml" {
+						req, wantName, prepare = f.Data, "want.yaml", rw.PrepareYAML
+					}
+				}
 			}
 			in := Input{Body: req, State: st, Record: rec}
-			if d, ok := a.body("digest"); ok {
+			if d, ok := body(a, "digest"); ok {
 				in.Digest, in.HasDigest = string(d), true
 			}
 			var res *Result
@@ -197,19 +178,19 @@ func TestGolden(t *testing.T) {
 			}
 			if *update {
 				if gotBody != nil {
-					a.set(wantName, append(gotBody, '\n'))
+					setFile(a, wantName, append(gotBody, '\n'))
 				}
-				a.set("want.report", []byte(gotReport))
-				if err := os.WriteFile(path, a.format(), 0o644); err != nil {
+				setFile(a, "want.report", []byte(gotReport))
+				if err := os.WriteFile(path, txtar.Format(a), 0o644); err != nil {
 					t.Fatal(err)
 				}
 				return
 			}
-			wantBody, _ := a.body(wantName)
+			wantBody, _ := body(a, wantName)
 			if !bytes.Equal(gotBody, wantBody) {
 				t.Errorf("body:\n got %s\nwant %s", gotBody, wantBody)
 			}
-			if want := string(a.files["want.report"]); gotReport != want {
+			if want, _ := body(a, "want.report"); gotReport != string(want)+"\n" {
 				t.Errorf("report:\n got %s\nwant %s", gotReport, want)
 			}
 		})
