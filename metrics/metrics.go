@@ -49,27 +49,23 @@ var Routes = []string{"configs_put", "passthrough"}
 // rate() and absent() work from the first scrape.
 func New(reg prometheus.Registerer, version string) *Metrics {
 	const ns = "confshim"
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help})
+	}
+	counterVec := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
+	}
 	m := &Metrics{
-		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "requests_total",
-			Help: "Requests answered, by method, route (configs_put or passthrough) and status code.",
-		}, []string{"method", "route", "code"}),
-		SectionRewrites: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "section_rewrites_total",
-			Help: "Sections changed in forwarded configs PUTs, by section and action (raised, bumped, preserved, settled).",
-		}, []string{"section", "action"}),
-		ConflictRetries: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Name: "conflict_retries_total",
-			Help: "Configs PUTs retried once after APISIX rejected a *_conf_version that a concurrent write had raised.",
-		}),
-		UpstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "upstream_errors_total",
-			Help: "Upstream requests that got no HTTP answer, by kind (unreachable, timeout, tls, reset, other).",
-		}, []string{"kind"}),
-		ClientDisconnects: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Name: "client_disconnects_total",
-			Help: "Requests abandoned because the client went away (never counted as upstream errors).",
-		}),
+		Requests: counterVec("requests_total",
+			"Requests answered, by method, route (configs_put or passthrough) and status code.", "method", "route", "code"),
+		SectionRewrites: counterVec("section_rewrites_total",
+			"Sections changed in forwarded configs PUTs, by section and action (raised, bumped, preserved, settled).", "section", "action"),
+		ConflictRetries: counter("conflict_retries_total",
+			"Configs PUTs retried once after APISIX rejected a *_conf_version that a concurrent write had raised."),
+		UpstreamErrors: counterVec("upstream_errors_total",
+			"Upstream requests that got no HTTP answer, by kind (unreachable, timeout, tls, reset, other).", "kind"),
+		ClientDisconnects: counter("client_disconnects_total",
+			"Requests abandoned because the client went away (never counted as upstream errors)."),
 		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "request_duration_seconds",
 			Help:    "Time to answer a request, by route.",
@@ -80,26 +76,16 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			Help:    "Time spent deciding on and rewriting one configs PUT body (no I/O).",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}),
-		Untouched: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "configs_put_untouched_total",
-			Help: "Configs PUTs forwarded without a rewrite, by reason (refused: APISIX refused the caller; encoded; invalid: APISIX rejects the body itself).",
-		}, []string{"reason"}),
-		Refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "refused_requests_total",
-			Help: "Requests confshim answered itself without forwarding, by reason (allow_cidrs, upgrade, body_budget, unrepairable).",
-		}, []string{"reason"}),
-		NoopPuts: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Name: "noop_puts_total",
-			Help: "Configs PUTs that changed nothing on the data plane and were answered 204 with its own digest.",
-		}),
-		ThinnedBytes: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Name: "thinned_bytes_total",
-			Help: "Bytes of unchanged sections' items left out of forwarded configs PUTs (APISIX does not re-validate them).",
-		}),
-		Reseeds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "reseeds_total",
-			Help: "Re-seeds of a data plane found empty, by result (restored, failed, skipped).",
-		}, []string{"result"}),
+		Untouched: counterVec("configs_put_untouched_total",
+			"Configs PUTs forwarded without a rewrite, by reason (refused: APISIX refused the caller; encoded; invalid: APISIX rejects the body itself).", "reason"),
+		Refused: counterVec("refused_requests_total",
+			"Requests confshim answered itself without forwarding, by reason (allow_cidrs, upgrade, body_budget, unrepairable).", "reason"),
+		NoopPuts: counter("noop_puts_total",
+			"Configs PUTs that changed nothing on the data plane and were answered 204 with its own digest."),
+		ThinnedBytes: counter("thinned_bytes_total",
+			"Bytes of unchanged sections' items left out of forwarded configs PUTs (APISIX does not re-validate them)."),
+		Reseeds: counterVec("reseeds_total",
+			"Re-seeds of a data plane found empty, by result (restored, failed, skipped).", "result"),
 		ReseedDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: ns, Name: "reseed_duration_seconds",
 			Help:    "Time from finding the data plane empty to its configuration restored.",

@@ -286,22 +286,17 @@ type probeResult struct {
 func (p *Proxy) probe(ctx context.Context, creds credentials) (*probeResult, error) {
 	writes := p.writes.Load()
 	if !p.noHead.Load() {
-		resp, err := p.sideRequest(ctx, http.MethodHead, creds)
-		if err != nil {
+		head, status, err := p.head(ctx, creds)
+		switch {
+		case err != nil:
 			return nil, err
-		}
-		resp.Body.Close()
-		switch resp.StatusCode {
-		case http.StatusOK:
-			return &probeResult{writes: writes, head: true, digest: resp.Header.Get("X-Digest"), lastModified: resp.Header.Get("X-Last-Modified")}, nil
-		case http.StatusUnauthorized, http.StatusForbidden:
-			return nil, RefusedError{resp.StatusCode}
-		case http.StatusNotFound, http.StatusMethodNotAllowed:
-			if resp.StatusCode == http.StatusNotFound {
-				p.noHead.Store(true) // APISIX 3.13: no HEAD on /configs
-				p.log.Info().Str("event", "no_head").Msg("the data plane has no HEAD /apisix/admin/configs (APISIX 3.13): state reads use GET, re-seeding is off")
-			}
-		default:
+		case head != nil:
+			head.writes = writes
+			return head, nil
+		case status == http.StatusNotFound:
+			p.noHead.Store(true) // APISIX 3.13: no HEAD on /configs
+			p.log.Info().Str("event", "no_head").Msg("the data plane has no HEAD /apisix/admin/configs (APISIX 3.13): state reads use GET, re-seeding is off")
+		case status != http.StatusMethodNotAllowed:
 			return &probeResult{writes: writes}, nil // the state read under the lock decides
 		}
 	}
@@ -310,6 +305,23 @@ func (p *Proxy) probe(ctx context.Context, creds credentials) (*probeResult, err
 		return nil, err
 	}
 	return &probeResult{writes: writes, state: st, digest: digest, lastModified: lastModified}, nil
+}
+
+// head is HEAD /apisix/admin/configs with the caller's credentials: the metadata when
+// APISIX answers 200, a RefusedError on 401/403, otherwise the status alone.
+func (p *Proxy) head(ctx context.Context, creds credentials) (*probeResult, int, error) {
+	resp, err := p.sideRequest(ctx, http.MethodHead, creds)
+	if err != nil {
+		return nil, 0, err
+	}
+	resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return &probeResult{head: true, digest: resp.Header.Get("X-Digest"), lastModified: resp.Header.Get("X-Last-Modified")}, http.StatusOK, nil
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return nil, resp.StatusCode, RefusedError{resp.StatusCode}
+	}
+	return nil, resp.StatusCode, nil
 }
 
 // stateFor returns the data plane's state under the PUT lock: the cached copy when a
@@ -325,20 +337,13 @@ func (p *Proxy) stateFor(ctx context.Context, creds credentials, probe *probeRes
 	}
 	if !fresh && p.dp.state != nil && !p.noHead.Load() {
 		if probe == nil || !probe.head {
-			resp, err := p.sideRequest(ctx, http.MethodHead, creds)
-			if err != nil {
+			var err error
+			if probe, _, err = p.head(ctx, creds); err != nil {
 				return nil, err
-			}
-			resp.Body.Close()
-			switch resp.StatusCode {
-			case http.StatusOK:
-				probe = &probeResult{head: true, digest: resp.Header.Get("X-Digest"), lastModified: resp.Header.Get("X-Last-Modified")}
-			case http.StatusUnauthorized, http.StatusForbidden:
-				return nil, RefusedError{resp.StatusCode}
 			}
 		}
 		// anything but a match (a changed state, an odd status): the GET below decides
-		if probe != nil && probe.head && probe.digest == p.dp.digest && probe.lastModified == p.dp.lastModified {
+		if probe != nil && probe.digest == p.dp.digest && probe.lastModified == p.dp.lastModified {
 			return p.dp.state, nil
 		}
 	}

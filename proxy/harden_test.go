@@ -204,27 +204,48 @@ func TestUpstreamTLS(t *testing.T) {
 }
 
 // TestGetsGoOnWhileAPutIsInFlight: PUTs are serialised, other requests are not held up.
-func TestGetsGoOnWhileAPutIsInFlight(t *testing.T) {
+// heldPuts is a fixture whose data plane holds every PUT until release is closed;
+// entered receives once per PUT that arrived, and maxInFlight counts how many APISIX
+// saw at once.
+type heldPuts struct {
+	*fixture
+	release     chan struct{}
+	entered     chan struct{}
+	maxInFlight atomic.Int32
+}
+
+func newHeldPuts(t *testing.T) *heldPuts {
 	em, _ := emulator.New(emulator.Options{AdminKey: key})
-	release := make(chan struct{})
-	entered := make(chan struct{}, 2)
-	var inFlight, maxInFlight atomic.Int32
-	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := &heldPuts{release: make(chan struct{}), entered: make(chan struct{}, 4)}
+	var inFlight atomic.Int32
+	h.fixture = newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPut {
 			n := inFlight.Add(1)
 			defer inFlight.Add(-1)
-			if n > maxInFlight.Load() {
-				maxInFlight.Store(n)
+			if n > h.maxInFlight.Load() {
+				h.maxInFlight.Store(n)
 			}
-			entered <- struct{}{}
-			<-release
+			h.entered <- struct{}{}
+			<-h.release
 		}
 		em.ServeHTTP(w, r)
 	}), nil)
-	putDone := make(chan int, 1)
+	return h
+}
+
+// putAsync sends a configs PUT in the background; its status arrives on the channel.
+func putAsync(t *testing.T, f *fixture, body, digest string) <-chan int {
+	status := make(chan int, 1)
 	go func() {
-		putDone <- do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":1}`, withKey(map[string]string{"X-Digest": "a"})).status
+		status <- do(t, "PUT", f.url+"/apisix/admin/configs", body, withKey(map[string]string{"X-Digest": digest})).status
 	}()
+	return status
+}
+
+func TestGetsGoOnWhileAPutIsInFlight(t *testing.T) {
+	h := newHeldPuts(t)
+	f, entered, release := h.fixture, h.entered, h.release
+	putDone := putAsync(t, f, `{"routes_conf_version":1}`, "a")
 	<-entered
 	// a GET completes while the PUT is held at APISIX: it does not wait for the lock
 	if r := do(t, "GET", f.url+"/apisix/admin/configs", "", withKey(nil)); r.status != http.StatusOK {
@@ -240,10 +261,7 @@ func TestGetsGoOnWhileAPutIsInFlight(t *testing.T) {
 		return n
 	}
 	before := heads()
-	second := make(chan int, 1)
-	go func() {
-		second <- do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":2}`, withKey(map[string]string{"X-Digest": "b"})).status
-	}()
+	second := putAsync(t, f, `{"routes_conf_version":2}`, "b")
 	waitUntil(t, func() bool { return heads() > before }) // the second PUT was probed: it is on its way
 	close(release)
 	if got := <-putDone; got != http.StatusAccepted {
@@ -252,8 +270,8 @@ func TestGetsGoOnWhileAPutIsInFlight(t *testing.T) {
 	if got := <-second; got != http.StatusAccepted {
 		t.Fatalf("second PUT: %d", got)
 	}
-	if maxInFlight.Load() != 1 {
-		t.Fatalf("%d PUTs reached APISIX at once: they must be serialised", maxInFlight.Load())
+	if h.maxInFlight.Load() != 1 {
+		t.Fatalf("%d PUTs reached APISIX at once: they must be serialised", h.maxInFlight.Load())
 	}
 }
 
@@ -355,21 +373,10 @@ func TestClientGoneWhileSendingOrWaiting(t *testing.T) {
 		}
 	})
 	t.Run("gone while waiting for the PUT lock", func(t *testing.T) {
-		em, _ := emulator.New(emulator.Options{AdminKey: key})
-		release := make(chan struct{})
-		f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method == http.MethodPut {
-				<-release
-			}
-			em.ServeHTTP(w, r)
-		}), nil)
-		first := make(chan int, 1)
-		go func() {
-			first <- do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":1}`, withKey(map[string]string{"X-Digest": "a"})).status
-		}()
-		for len(f.rec.puts()) == 0 {
-			time.Sleep(5 * time.Millisecond)
-		}
+		h := newHeldPuts(t)
+		f, release := h.fixture, h.release
+		first := putAsync(t, f, `{"routes_conf_version":1}`, "a")
+		<-h.entered
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		req, _ := http.NewRequestWithContext(ctx, "PUT", f.url+"/apisix/admin/configs", strings.NewReader(`{"routes_conf_version":2}`))
@@ -388,6 +395,11 @@ func TestClientGoneWhileSendingOrWaiting(t *testing.T) {
 		}
 		if got := len(f.rec.puts()); got != 1 {
 			t.Fatalf("the abandoned PUT reached APISIX: %d PUTs", got)
+		}
+		// counted as a client gone (499), never as answered
+		waitUntil(t, func() bool { return testutil.ToFloat64(f.m.Requests.WithLabelValues("PUT", "configs_put", "499")) == 1 })
+		if got := testutil.ToFloat64(f.m.Requests.WithLabelValues("PUT", "configs_put", "200")); got != 0 {
+			t.Fatalf("a client gone while waiting counted as 200 (%v)", got)
 		}
 	})
 }

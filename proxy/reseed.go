@@ -172,25 +172,17 @@ func (p *Proxy) checkDataPlane(ctx context.Context) bool {
 	if !ok {
 		return true // nobody's key yet: nothing kept either
 	}
-	head, err := p.sideRequest(ctx, http.MethodHead, creds)
-	if err != nil {
-		return true // down or restarting: the next tick looks again
-	}
-	head.Body.Close()
-	switch head.StatusCode {
-	case http.StatusOK:
-	case http.StatusNotFound:
-		p.noHead.Store(true)
-		return true
-	default:
-		return true
-	}
-	digest, lastModified := head.Header.Get("X-Digest"), head.Header.Get("X-Last-Modified")
-	if lastModified == "" {
+	head, status, err := p.head(ctx, creds)
+	switch {
+	case status == http.StatusNotFound:
+		p.noHead.Store(true) // said once, at the next tick
+	case err != nil || head == nil:
+		// down, restarting or refusing the key: the next tick looks again
+	case head.lastModified == "":
 		p.reseed(ctx, time.Now())
-		return true
+	default:
+		p.refreshKept(ctx, head.digest, head.lastModified)
 	}
-	p.refreshKept(ctx, digest, lastModified)
 	return true
 }
 
@@ -205,7 +197,7 @@ func (p *Proxy) watchCredentials() (credentials, bool) {
 	default:
 		return credentials{}, false // a PUT is in flight: look next time
 	}
-	return p.reseedCreds, p.reseedCreds.header != nil
+	return p.lockedWatchCredentials()
 }
 
 // refreshKept reads the data plane when it changed since the kept configuration (an
@@ -242,12 +234,7 @@ func (p *Proxy) reseed(ctx context.Context, foundEmpty time.Time) {
 		return
 	}
 	creds, _ := p.lockedWatchCredentials()
-	head, err := p.sideRequest(ctx, http.MethodHead, creds)
-	if err != nil {
-		return
-	}
-	head.Body.Close()
-	if head.StatusCode != http.StatusOK || head.Header.Get("X-Last-Modified") != "" {
+	if head, _, err := p.head(ctx, creds); err != nil || head == nil || head.lastModified != "" {
 		p.m.Reseeds.WithLabelValues("skipped").Inc()
 		return // someone wrote meanwhile: never overwrite a data plane that holds anything
 	}

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -160,37 +159,5 @@ func TestBufferNotReusedWhileTheTransportSends(t *testing.T) {
 		if len(p.body) > 0 && !strings.HasPrefix(string(p.body), `{"routes_conf_version":`) {
 			t.Fatalf("a forwarded body was overwritten: %.40q", p.body)
 		}
-	}
-}
-
-func TestClientGoneWaitingForTheLockIs499(t *testing.T) {
-	em, _ := emulator.New(emulator.Options{AdminKey: key})
-	release := make(chan struct{})
-	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPut {
-			<-release
-		}
-		em.ServeHTTP(w, r)
-	}), nil)
-	first := make(chan int, 1)
-	go func() {
-		first <- do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":1}`, withKey(map[string]string{"X-Digest": "a"})).status
-	}()
-	waitUntil(t, func() bool { return len(f.rec.puts()) == 1 })
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, "PUT", f.url+"/apisix/admin/configs", strings.NewReader(`{"routes_conf_version":2}`))
-	req.Header.Set("X-API-KEY", key)
-	req.Header.Set("X-Digest", "b")
-	done := make(chan struct{})
-	go func() { _, _ = http.DefaultClient.Do(req); close(done) }()
-	waitUntil(t, func() bool { return len(f.rec.all()) >= 4 }) // both probes and a state read
-	cancel()
-	<-done
-	waitUntil(t, func() bool { return testutil.ToFloat64(f.m.ClientDisconnects) == 1 })
-	close(release)
-	<-first
-	waitUntil(t, func() bool { return testutil.ToFloat64(f.m.Requests.WithLabelValues("PUT", "configs_put", "499")) == 1 })
-	if got := testutil.ToFloat64(f.m.Requests.WithLabelValues("PUT", "configs_put", "200")); got != 0 {
-		t.Fatalf("a client gone while waiting counted as 200 (%v)", got)
 	}
 }

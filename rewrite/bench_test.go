@@ -48,60 +48,49 @@ func runRewrite(b *testing.B, c benchCase, wantChanged bool) {
 	}
 }
 
-// BenchmarkRewrite is the steady state: three stale sections raised and secrets preserved.
-func BenchmarkRewrite(b *testing.B) {
+// benchSizes runs the rewrite on every fixture size, with or without a record.
+func benchSizes(b *testing.B, pair func(routes int) fixture.Pair, withRecord bool) {
 	for _, size := range fixture.Sizes {
-		p := fixture.Stale(size.Routes)
-		b.Run(size.Name, func(b *testing.B) { runRewrite(b, steady(b, p, true), true) })
+		p := pair(size.Routes)
+		b.Run(size.Name, func(b *testing.B) { runRewrite(b, steady(b, p, withRecord), true) })
 	}
 }
+
+// BenchmarkRewrite is the steady state: three stale sections raised and secrets preserved.
+func BenchmarkRewrite(b *testing.B) { benchSizes(b, fixture.Stale, true) }
 
 // BenchmarkRewriteCold has no record: the stale sections are compared with the data
 // plane's items.
-func BenchmarkRewriteCold(b *testing.B) {
-	for _, size := range fixture.Sizes {
-		p := fixture.Stale(size.Routes)
-		b.Run(size.Name, func(b *testing.B) { runRewrite(b, steady(b, p, false), true) })
-	}
-}
+func BenchmarkRewriteCold(b *testing.B) { benchSizes(b, fixture.Stale, false) }
 
-// BenchmarkRewriteClean has nothing to repair.
-func BenchmarkRewriteClean(b *testing.B) {
+// BenchmarkRewriteClean has nothing to repair: every section is at the data plane's
+// version, so each is sent without its items (§8.3) and the sync is a no-op (§8.2).
+func BenchmarkRewriteClean(b *testing.B) { benchSizes(b, fixture.Clean, true) }
+
+// benchBody runs op on the stale fixture's request of every size.
+func benchBody(b *testing.B, op func(body []byte) error) {
 	for _, size := range fixture.Sizes {
-		p := fixture.Clean(size.Routes)
-		b.Run(size.Name, func(b *testing.B) { runRewrite(b, steady(b, p, true), false) })
+		body := fixture.Stale(size.Routes).Request
+		b.Run(size.Name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := op(body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
 // BenchmarkValidate is the floor: fastjson.ValidateBytes of the same body.
-func BenchmarkValidate(b *testing.B) {
-	for _, size := range fixture.Sizes {
-		p := fixture.Stale(size.Routes)
-		b.Run(size.Name, func(b *testing.B) {
-			b.SetBytes(int64(len(p.Request)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := fastjson.ValidateBytes(p.Request); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
-}
+func BenchmarkValidate(b *testing.B) { benchBody(b, fastjson.ValidateBytes) }
 
 // BenchmarkScan is the validating top-level scanner alone, to compare with Validate.
 func BenchmarkScan(b *testing.B) {
-	for _, size := range fixture.Sizes {
-		p := fixture.Stale(size.Routes)
-		b.Run(size.Name, func(b *testing.B) {
-			b.SetBytes(int64(len(p.Request)))
-			b.ReportAllocs()
-			var buf [48]member
-			for b.Loop() {
-				if _, err := scanObject(p.Request, buf[:0]); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
+	var buf [48]member
+	benchBody(b, func(body []byte) error {
+		_, err := scanObject(body, buf[:0])
+		return err
+	})
 }

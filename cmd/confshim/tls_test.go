@@ -23,13 +23,19 @@ func startArgs(t *testing.T, extra ...string) (addrs, func() int) {
 	return launch(t, append([]string{"--upstream", dp.URL}, extra...))
 }
 
+// startTLS runs confshim serving HTTPS with a pair issued for cn, in dir.
+func startTLS(t *testing.T, ca *testcerts.CA, dir, cn string) (addrs, func() int) {
+	t.Helper()
+	pair := ca.Issue(t, cn)
+	certFile := testcerts.Write(t, dir, "tls.crt", pair.CertPEM)
+	keyFile := testcerts.Write(t, dir, "tls.key", pair.KeyPEM)
+	return startArgs(t, "--tls-cert-file", certFile, "--tls-key-file", keyFile)
+}
+
 func TestServesHTTPSAndReloadsTheCertificate(t *testing.T) {
 	ca := testcerts.NewCA(t, "test-ca")
 	dir := t.TempDir()
-	first := ca.Issue(t, "first")
-	certFile := testcerts.Write(t, dir, "tls.crt", first.CertPEM)
-	keyFile := testcerts.Write(t, dir, "tls.key", first.KeyPEM)
-	a, stop := startArgs(t, "--tls-cert-file", certFile, "--tls-key-file", keyFile)
+	a, stop := startTLS(t, ca, dir, "first")
 	defer stop()
 
 	served := func() string { return servedCN(t, ca, a.proxy) }
@@ -75,14 +81,11 @@ func TestBadTLSFilesAreReportedBeforeListening(t *testing.T) {
 }
 
 func TestABrokenRotationKeepsThePreviousCertificate(t *testing.T) {
-	ca := testcerts.NewCA(t, "test-ca")
-	dir := t.TempDir()
-	pair := ca.Issue(t, "good")
-	certFile := testcerts.Write(t, dir, "tls.crt", pair.CertPEM)
-	keyFile := testcerts.Write(t, dir, "tls.key", pair.KeyPEM)
 	defer func(i time.Duration) { certCheckInterval = i }(certCheckInterval)
 	certCheckInterval = 0
-	a, stop := startArgs(t, "--tls-cert-file", certFile, "--tls-key-file", keyFile)
+	ca := testcerts.NewCA(t, "test-ca")
+	dir := t.TempDir()
+	a, stop := startTLS(t, ca, dir, "good")
 	defer stop()
 	testcerts.Write(t, dir, "tls.crt", []byte("not a certificate"))
 	// the handshake below checks the files (interval 0) and finds the broken pair
