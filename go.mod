@@ -10,7 +10,6 @@ require (
 	github.com/valyala/fastjson v1.6.10
 	go.yaml.in/yaml/v3 v3.0.5
 	golang.org/x/tools v0.52.0
-	gopkg.in/yaml.v2 v2.4.0
 )
 
 require (

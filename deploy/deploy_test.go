@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	yaml "gopkg.in/yaml.v2"
+	yaml "go.yaml.in/yaml/v3"
 )
 
 // confshim's defaults (contract §3).
@@ -21,7 +21,7 @@ const (
 	defaultUpstream = "http://127.0.0.1:9180"
 )
 
-type obj = map[any]any
+type obj = map[string]any
 
 func get(v any, path ...any) any {
 	for _, p := range path {

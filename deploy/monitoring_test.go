@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	yaml "gopkg.in/yaml.v2"
+	yaml "go.yaml.in/yaml/v3"
 )
 
 // The monitoring mixin: rules (promtool checks and tests them in make test), the

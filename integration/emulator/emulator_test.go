@@ -2,6 +2,8 @@ package emulator
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -540,14 +542,38 @@ func TestValidateEndpoint(t *testing.T) {
 	}
 }
 
+// TestYAML11Semantics: the body as lyaml reads it (contract §5.6, APISIX spec §10).
 func TestYAML11Semantics(t *testing.T) {
-	v, err := decodeYAML([]byte("a: yes\nb: off\nc: 0755\nd: 'yes'\n---\nsecond: 1\n"))
+	v, err := decodeYAML([]byte("a: yes\nb: off\nc: 0755\nd: 'yes'\ne: y\nf: n\ng: 0o17\nh: 1:30\ni: 1e3\nj: 0x1F\nk: 1_000\nl: ~\n---\nsecond: 1\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	doc := v.(table)
-	if doc["a"] != true || doc["b"] != false || doc["c"] != float64(493) || doc["d"] != "yes" || doc["second"] != nil {
-		t.Fatalf("got %v", doc)
+	want := table{"a": true, "b": false, "c": float64(493), "d": "yes", "e": "y", "f": "n", "g": "0o17", "h": float64(90), "i": float64(1000), "j": float64(31), "k": float64(1000), "l": yamlNull{}}
+	for k, w := range want {
+		if doc[k] != w {
+			t.Errorf("%s: got %#v, want %#v", k, doc[k], w)
+		}
+	}
+	if doc["second"] != nil {
+		t.Fatal("only the first document counts")
+	}
+	// merge keys: explicit keys win over merged ones, earlier maps over later ones
+	v, err = decodeYAML([]byte("base: &b {plugins: {key-auth: {}}, uri: /base}\nother: &o {uri: /other, name: o}\nroute:\n  <<: [*b, *o]\n  uri: /admin\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	route := v.(table)["route"].(table)
+	if route["uri"] != "/admin" || route["name"] != "o" || route["plugins"] == nil {
+		t.Fatalf("merged route %v", route)
+	}
+	for _, empty := range []string{"", "~", "# only a comment\n"} {
+		if v, err := decodeYAML([]byte(empty)); err != nil || fmt.Sprint(v) != "map[]" {
+			t.Fatalf("%q reads as %v %v, want an empty table", empty, v, err)
+		}
+	}
+	if _, err := decodeYAML([]byte("a: 1\n---\nb: [\n")); !errors.Is(err, errLua) {
+		t.Fatal("every document must parse")
 	}
 }
 
