@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha1"
 	"encoding/hex"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -75,27 +74,6 @@ func endpoints(tb testing.TB, state []byte) (direct, bare, confshim endpoint) {
 }
 
 var benchClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true}}
-
-// putOnce sends one ADC-shaped PUT and checks that it landed.
-func putOnce(tb testing.TB, base string, body []byte, digest string) (http.Header, error) {
-	req, err := http.NewRequest(http.MethodPut, base+"/apisix/admin/configs", bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("X-API-KEY", adminKey)
-	req.Header.Set("X-Digest", digest)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := benchClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return nil, fmt.Errorf("PUT: %d", resp.StatusCode)
-	}
-	return resp.Header, nil
-}
 
 func sha1Hex(b []byte) string {
 	s := sha1.Sum(b)

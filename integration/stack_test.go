@@ -179,21 +179,50 @@ func (s *stack) oobPut(t testing.TB, change func(doc map[string]any)) {
 	adminPut(t, s.dpURL, string(body), fmt.Sprintf("oob-%d", time.Now().UnixNano()))
 }
 
-// adminPut writes straight to a data plane's Admin API and expects 202.
-func adminPut(t testing.TB, admin, body, digest string) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPut, admin+"/apisix/admin/configs", strings.NewReader(body))
+// configsPut sends one PUT /apisix/admin/configs with the admin key and a digest, and
+// reads the answer to its end (so that the connection is reused).
+func configsPut(base string, body []byte, digest string) (int, http.Header, error) {
+	req, err := http.NewRequest(http.MethodPut, base+"/apisix/admin/configs", bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
 	req.Header.Set("X-API-KEY", adminKey)
 	req.Header.Set("X-Digest", digest)
-	resp, err := http.DefaultClient.Do(req)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := benchClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header, nil
+}
+
+// rawPut is configsPut for a test: a transport error fails it.
+func rawPut(t testing.TB, base, body, digest string) (int, http.Header) {
+	t.Helper()
+	status, hdr, err := configsPut(base, []byte(body), digest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("out-of-band PUT: %d %s", resp.StatusCode, b)
+	return status, hdr
+}
+
+// adminPut writes straight to a data plane's Admin API and expects 202.
+func adminPut(t testing.TB, admin, body, digest string) {
+	t.Helper()
+	if status, _ := rawPut(t, admin, body, digest); status != http.StatusAccepted {
+		t.Fatalf("out-of-band PUT: %d", status)
 	}
+}
+
+// putOnce sends one ADC-shaped PUT and checks that it landed (benchmarks, load).
+func putOnce(_ testing.TB, base string, body []byte, digest string) (http.Header, error) {
+	status, hdr, err := configsPut(base, body, digest)
+	if err == nil && status/100 != 2 {
+		err = fmt.Errorf("PUT: %d", status)
+	}
+	return hdr, err
 }
 
 func sync1(t testing.TB, c *adcclient.Client, cfg adcclient.Config) *adcclient.Result {

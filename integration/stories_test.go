@@ -188,20 +188,6 @@ func pick(s *stack, through bool) string {
 	return s.dpURL
 }
 
-func rawPut(t testing.TB, base, body, digest string) (int, http.Header) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPut, base+"/apisix/admin/configs", strings.NewReader(body))
-	req.Header.Set("X-API-KEY", adminKey)
-	req.Header.Set("X-Digest", digest)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	return resp.StatusCode, resp.Header
-}
-
 func TestStoryConcurrentClients(t *testing.T) {
 	for _, o := range profiles {
 		t.Run(profileName(o), func(t *testing.T) {

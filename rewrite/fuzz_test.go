@@ -64,7 +64,9 @@ func FuzzScan(f *testing.F) {
 
 // FuzzRewrite checks the rewrite's invariants for any body and data plane state: no
 // panic; the output is valid JSON; an unchanged result is the input itself; a changed
-// one parses to the same top-level keys minus dropped sections plus inserted versions.
+// one has the same top-level keys minus removed sections plus inserted versions, every
+// other value unchanged, every decided version in place; and the same body against the
+// state its write produced bumps nothing (no churn).
 func FuzzRewrite(f *testing.F) {
 	state := []byte(`{"routes_conf_version":7,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":2,"secrets":[{"id":"v/1"}],"widgets_conf_version":3}`)
 	seedCorpus(f, func(b []byte) { f.Add(b, state) })
@@ -97,11 +99,41 @@ func FuzzRewrite(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// the same top-level keys, minus the sections dropped or thinned, plus the versions
+		// inserted, and every value not edited byte for byte the same
+		removed := map[string]bool{}
 		for _, section := range res.Thinned {
-			if out.Get(section) != nil {
-				t.Fatalf("%s: thinned items still in the output", section)
+			removed[section] = true
+		}
+		set := map[string]bool{}
+		for _, c := range res.Changes {
+			set[c.Section+versionSuffix] = true
+			if c.Dropped {
+				removed[c.Section] = true
 			}
 		}
+		parsedIn, _ := fastjson.ParseBytes(body)
+		inObj, _ := parsedIn.Object()
+		outObj, _ := out.Object()
+		inObj.Visit(func(k []byte, v *fastjson.Value) {
+			key := string(k)
+			got := outObj.Get(key)
+			switch {
+			case removed[key]:
+				if got != nil {
+					t.Fatalf("%s: removed items still in the output", key)
+				}
+			case got == nil:
+				t.Fatalf("%s: lost from the output", key)
+			case !set[key] && got.String() != v.String():
+				t.Fatalf("%s: changed without a decision", key)
+			}
+		})
+		outObj.Visit(func(k []byte, _ *fastjson.Value) {
+			if inObj.Get(string(k)) == nil && !set[string(k)] {
+				t.Fatalf("%s: appeared from nowhere", k)
+			}
+		})
 		for _, c := range res.Changes {
 			v := out.Get(c.Section + versionSuffix)
 			if v == nil || v.GetFloat64() != c.To {
