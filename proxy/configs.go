@@ -47,11 +47,14 @@ func (e BadStateError) Error() string { return e.Err.Error() }
 
 const conflictMessage = "_conf_version must be greater than or equal to"
 
-// Reasons a configs PUT is forwarded untouched (confshim_configs_put_untouched_total).
+// untouchedReason says why a configs PUT is forwarded without a rewrite (the reason
+// label of confshim_configs_put_untouched_total); "" means it is rewritten.
+type untouchedReason string
+
 const (
-	untouchedRefused = "refused" // APISIX refused the caller's credentials
-	untouchedEncoded = "encoded" // a Content-Encoding confshim does not decode (APISIX neither)
-	untouchedInvalid = "invalid" // not parseable, or a non-numeric version: APISIX rejects it whole
+	untouchedRefused untouchedReason = "refused" // APISIX refused the caller's credentials
+	untouchedEncoded untouchedReason = "encoded" // a Content-Encoding confshim does not decode (APISIX neither)
+	untouchedInvalid untouchedReason = "invalid" // not parseable, or a non-numeric version: APISIX rejects it whole
 )
 
 // putConfigs is contract §5 and §8: ask APISIX whether the caller may write before
@@ -65,7 +68,7 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.As(err, &refused):
 		// §5.7: a caller APISIX refuses costs no more than a plain proxy would.
-		p.m.Untouched.WithLabelValues(untouchedRefused).Inc()
+		p.m.Untouched.WithLabelValues(string(untouchedRefused)).Inc()
 		p.passthrough(w, r)
 		return
 	case err != nil:
@@ -122,7 +125,7 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if untouched != "" {
-			p.m.Untouched.WithLabelValues(untouched).Inc()
+			p.m.Untouched.WithLabelValues(string(untouched)).Inc()
 		}
 		out := p.outgoing(in, res, isYAML(r))
 		resp, respBody, done, err := p.forwardPut(r, out)
@@ -166,7 +169,7 @@ func waitAll(chans []<-chan struct{}) {
 
 // prepare scans the body without any state: it returns the prepared body, or the
 // reason to forward it untouched, or a *rewrite.RefuseError.
-func (p *Proxy) prepare(r *http.Request, body []byte) (*rewrite.Prepared, string, error) {
+func (p *Proxy) prepare(r *http.Request, body []byte) (*rewrite.Prepared, untouchedReason, error) {
 	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
 		// APISIX does not decode request bodies either; decoding here would change what
 		// it decides. Forwarded untouched, header and body still match.
@@ -188,7 +191,7 @@ func (p *Proxy) prepare(r *http.Request, body []byte) (*rewrite.Prepared, string
 
 // decideUnderLock reads the data plane's state and runs the rewrite. It returns the
 // reason to forward untouched instead when there is one.
-func (p *Proxy) decideUnderLock(r *http.Request, creds credentials, probe *probeResult, prepared *rewrite.Prepared, prepareTime time.Duration, in rewrite.Input, fresh bool) (*rewrite.Result, string, error) {
+func (p *Proxy) decideUnderLock(r *http.Request, creds credentials, probe *probeResult, prepared *rewrite.Prepared, prepareTime time.Duration, in rewrite.Input, fresh bool) (*rewrite.Result, untouchedReason, error) {
 	st, err := p.stateFor(r.Context(), creds, probe, fresh)
 	var refused RefusedError
 	if errors.As(err, &refused) {
