@@ -288,6 +288,13 @@ func (s *yscan) topKey(ls, le int) error {
 	case '?', '&', '!', '*', '[', '{', '|', '>', '%', '@', '`', ',', ']', '}':
 		return yamlRefuse("a top-level key must be a plain or quoted scalar")
 	}
+	if b[ls] == '"' {
+		if end, closed := s.quoted(ls+1, le, '"'); closed && bytes.IndexByte(b[ls:end], '\\') >= 0 {
+			// YAML has escapes JSON lacks (\x5f, \U…): "secrets\x5fconf_version" must not
+			// slip past as some other key
+			return yamlRefuse("escapes in a double-quoted top-level key are not supported")
+		}
+	}
 	name, after, ok := s.keyAt(ls, le)
 	if !ok {
 		return yamlRefuse("a top-level line that is not a key")
@@ -644,17 +651,14 @@ func isDocMarker(b []byte, ls int, c byte) bool {
 	return ls+3 == len(b) || isBlankByte(b[ls+3]) || b[ls+3] == '\n'
 }
 
-// unquoteYAML decodes a one-line quoted key; escapes other than JSON's keep their
-// text, which can only make a key not match a section name.
+// unquoteYAML decodes a one-line quoted key (a top-level one has no escapes: topKey
+// refuses them).
 func unquoteYAML(q []byte) string {
 	inner := q[1 : len(q)-1]
 	if q[0] == '\'' {
 		return strings.ReplaceAll(string(inner), "''", "'")
 	}
-	if bytes.IndexByte(inner, '\\') < 0 {
-		return string(inner)
-	}
-	return string(unescape(nil, inner))
+	return string(inner)
 }
 
 // yamlVersion reads a version scalar as lyaml resolves it (lyaml/implicit.lua): null
