@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strings"
 
 	"github.com/valyala/fastjson"
@@ -227,36 +228,47 @@ const (
 	highs = 0x8080808080808080
 )
 
-// needsLook reports whether any of the 8 bytes in x is '\\' or a control character.
-func needsLook(x uint64) bool {
+// special marks, in the high bit of each byte, the bytes of x that a string scan must
+// stop at: '"', '\\' and control characters. A mark can also fall on a byte above an
+// earlier true match (a borrow), never below one, so the lowest mark is exact.
+func special(x uint64) uint64 {
+	q := x ^ (ones * '"')
 	bs := x ^ (ones * '\\')
-	return ((bs-ones)&^bs|(x-ones*0x20)&^x)&highs != 0
+	return ((q-ones)&^q | (bs-ones)&^bs | (x-ones*0x20)&^x) & highs
+}
+
+// nextSpecial returns the offset of the first '"', '\\' or control character at or
+// after i, or len(b): eight bytes at a time, which for the short strings of a
+// configuration beats a vectorised search per string (its call costs more than the
+// string).
+func nextSpecial(b []byte, i int) int {
+	for ; i+8 <= len(b); i += 8 {
+		if m := special(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+	}
+	for ; i < len(b); i++ {
+		if c := b[i]; c == '"' || c == '\\' || c < 0x20 {
+			return i
+		}
+	}
+	return i
 }
 
 // scanString validates a string whose content starts at i and returns the offset just
-// past its closing quote: the quote is found with IndexByte (vectorised), the span
-// before it is checked eight bytes at a time for escapes and control characters.
+// past its closing quote.
 func scanString(b []byte, i int) (int, error) {
 	for {
-		j := bytes.IndexByte(b[i:], '"')
-		if j < 0 {
+		k := nextSpecial(b, i)
+		switch {
+		case k >= len(b):
 			return 0, &syntaxError{offset: i, what: "unterminated string"}
-		}
-		end := i + j
-		k := i
-		for k+8 <= end && !needsLook(binary.LittleEndian.Uint64(b[k:k+8])) {
-			k += 8
-		}
-		for k < end && b[k] != '\\' && b[k] >= 0x20 {
-			k++
-		}
-		if k == end {
-			return end + 1, nil
-		}
-		if b[k] < 0x20 {
+		case b[k] == '"':
+			return k + 1, nil
+		case b[k] < 0x20:
 			return 0, &syntaxError{offset: k, what: "control character in string"}
 		}
-		// an escape at k: check it, then look for the closing quote again after it
+		// an escape at k: check it, then look on after it
 		if k+1 >= len(b) {
 			return 0, &syntaxError{offset: k, what: "unterminated escape"}
 		}
