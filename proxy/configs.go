@@ -176,11 +176,13 @@ func (p *Proxy) prepare(r *http.Request, body []byte) (*rewrite.Prepared, untouc
 		p.log.Info().Str("event", "forward_untouched").Str("reason", "content-encoding").Msg("configs PUT not rewritten; APISIX will judge it")
 		return nil, untouchedEncoded, nil
 	}
-	prepare := p.rw.Prepare
+	var prepared *rewrite.Prepared
+	var err error
 	if isYAML(r) {
-		prepare = p.rw.PrepareYAML
+		prepared, err = p.rw.PrepareYAML(body)
+	} else if prepared, err = p.rw.PrepareLike(body, p.layout.Load()); err == nil {
+		p.layout.Store(prepared.Layout()) // the next sync is most likely this one again
 	}
-	prepared, err := prepare(body)
 	var skip *rewrite.SkipError
 	if errors.As(err, &skip) {
 		p.log.Info().Str("event", "forward_untouched").Str("reason", skip.Reason).Msg("configs PUT not rewritten; APISIX will judge it")

@@ -82,11 +82,12 @@ type Proxy struct {
 	putLock chan struct{}
 	dp      dataPlane
 
-	lastAnswer atomic.Int64  // unix nanos of the upstream's last HTTP answer
-	bufs       buffers       // request and rewrite buffers
-	budget     *bodyBudget   // request bodies buffered at once
-	writes     atomic.Uint64 // configs PUTs forwarded: a probe from before another is stale
-	noHead     atomic.Bool   // HEAD /apisix/admin/configs answered 404: APISIX 3.13
+	lastAnswer atomic.Int64                   // unix nanos of the upstream's last HTTP answer
+	bufs       buffers                        // request and rewrite buffers
+	budget     *bodyBudget                    // request bodies buffered at once
+	writes     atomic.Uint64                  // configs PUTs forwarded: a probe from before another is stale
+	noHead     atomic.Bool                    // HEAD /apisix/admin/configs answered 404: APISIX 3.13
+	layout     atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
 
 	// re-seeding (§8.4), guarded by putLock
 	kept        *keptConfig      // the data plane's configuration as of the last accepted write

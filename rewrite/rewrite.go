@@ -206,10 +206,11 @@ func (r *Result) AppliedState() *State {
 // outside its PUT lock, so that concurrent clients scan in parallel and only the
 // O(sections) decision and the forwarding are serialised.
 type Prepared struct {
-	body []byte
-	obj  object
-	yaml bool
-	sums []uint64 // per member: the record's hash of its value
+	body   []byte
+	obj    object
+	yaml   bool
+	sums   []uint64 // per member: the hash of its value (the record's, for sections)
+	layout *Layout  // JSON bodies: what the next PrepareLike may reuse
 }
 
 // Prepare validates and scans a JSON body. Errors: *RefuseError (400), *SkipError
@@ -231,9 +232,12 @@ func (rw *Rewriter) prepared(body []byte, obj object, yaml bool) (*Prepared, err
 	}
 	p := &Prepared{body: body, obj: obj, yaml: yaml, sums: make([]uint64, len(obj.members))}
 	for i, m := range obj.members {
-		if !strings.HasSuffix(m.name, versionSuffix) {
+		if m.valueStart >= 0 {
 			p.sums[i] = maphash.Bytes(rw.seed, body[m.valueStart:m.valueEnd])
 		}
+	}
+	if !yaml && obj.yaml == nil {
+		p.layout = rw.layoutOf(body, obj, p.sums)
 	}
 	return p, nil
 }

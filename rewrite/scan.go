@@ -57,6 +57,12 @@ func (e *syntaxError) Error() string {
 	return fmt.Sprintf("invalid JSON at offset %d: %s", e.offset, e.what)
 }
 
+// validValue validates b as one JSON value nested at the given depth.
+func validValue(b []byte, depth int) bool {
+	s := scanner{b: b, depth: depth}
+	return s.run() == nil
+}
+
 // scanObject validates body and returns its top-level members. A valid body that is not
 // an object returns errNotObject; the error never quotes the body.
 func scanObject(body []byte, members []member) (object, error) {
@@ -76,6 +82,7 @@ type scanner struct {
 	isObject bool
 	obj      object
 	cur      member // the top-level member being read
+	depth    int    // levels already open around b (a member's value: 1)
 }
 
 func (s *scanner) fail(i int, what string) error { return &syntaxError{offset: i, what: what} }
@@ -96,7 +103,7 @@ func (s *scanner) run() error {
 		}
 		switch c := b[i]; {
 		case c == '{' || c == '[':
-			if len(s.stack) >= maxDepth {
+			if s.depth+len(s.stack) >= maxDepth {
 				return errTooDeep
 			}
 			s.stack = append(s.stack, c)

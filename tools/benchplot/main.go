@@ -84,8 +84,9 @@ func run(r io.Reader, w io.Writer) error {
 		col   color.RGBA
 		value func(f string) (float64, bool)
 	}{
-		{"confshim - bareproxy (3 stale sections + secrets)", color.RGBA{200, 40, 40, 255}, diff(med, "confshim")},
-		{"confshim-clean - bareproxy (nothing to repair)", color.RGBA{40, 110, 200, 255}, diff(med, "confshim-clean")},
+		{"confshim - bareproxy (3 stale sections + secrets; below 0 drawn at 0)", color.RGBA{200, 40, 40, 255}, diff(med, "confshim")},
+		{"confshim-clean - bareproxy (nothing to repair; below 0 drawn at 0)", color.RGBA{40, 110, 200, 255}, diff(med, "confshim-clean")},
+		{"confshim-rescan - bareproxy (another length: the whole body scanned)", color.RGBA{230, 140, 20, 255}, diff(med, "confshim-rescan")},
 		{"fastjson.ValidateBytes of the body", color.RGBA{90, 90, 90, 255}, func(f string) (float64, bool) { v, ok := med["Validate"][f]; return v / 1e6, ok }},
 	}
 	fixtures := make([]string, 0, len(sizes))
