@@ -89,9 +89,7 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 	prepareTime := time.Since(start)
 	var refuse *rewrite.RefuseError
 	if errors.As(err, &refuse) {
-		p.m.Refused.WithLabelValues("unrepairable").Inc()
-		p.log.Info().Str("event", "refused").Str("reason", refuse.Reason).Msg("configs PUT refused; nothing forwarded")
-		p.writeError(w, http.StatusBadRequest, refuse.Reason)
+		p.refuse(w, refuse)
 		return
 	}
 
@@ -115,8 +113,7 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 			res, untouched, err = p.decideUnderLock(r, creds, probe, prepared, prepareTime, in, attempt > 0)
 			probe = nil // used once: a retry reads the state afresh
 			if errors.As(err, &refuse) {
-				p.m.Refused.WithLabelValues("unrepairable").Inc()
-				p.writeError(w, http.StatusBadRequest, refuse.Reason)
+				p.refuse(w, refuse)
 				return
 			}
 			if err != nil {
@@ -127,7 +124,7 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 		if untouched != "" {
 			p.m.Untouched.WithLabelValues(string(untouched)).Inc()
 		}
-		out := p.outgoing(in, res, isYAML(r))
+		out := p.outgoing(in, res)
 		resp, respBody, done, err := p.forwardPut(r, out)
 		sent = append(sent, done)
 		if res != nil && res.Changed {
@@ -151,10 +148,17 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 		}
 		p.count(res, out, resp)
 		p.keepAfterPut(resp, res, prepared, creds) // before remember: it reads the state the PUT was decided on
-		p.remember(resp, res, creds, out)
+		p.remember(resp, res)
 		p.respond(w, resp, respBody, res)
 		return
 	}
+}
+
+// refuse answers a body confshim must not forward (contract §6): 400, nothing forwarded.
+func (p *Proxy) refuse(w http.ResponseWriter, refuse *rewrite.RefuseError) {
+	p.m.Refused.WithLabelValues("unrepairable").Inc()
+	p.log.Info().Str("event", "refused").Str("reason", refuse.Reason).Msg("configs PUT refused; nothing forwarded")
+	p.writeError(w, http.StatusBadRequest, refuse.Reason)
 }
 
 func isYAML(r *http.Request) bool {
@@ -447,7 +451,7 @@ type outgoingPut struct {
 }
 
 // outgoing builds what to forward: the client's bytes, or the rewritten ones.
-func (p *Proxy) outgoing(in rewrite.Input, res *rewrite.Result, yaml bool) outgoingPut {
+func (p *Proxy) outgoing(in rewrite.Input, res *rewrite.Result) outgoingPut {
 	out := outgoingPut{body: in.Body}
 	if res == nil || !res.Changed {
 		return out
@@ -544,7 +548,7 @@ func (p *Proxy) count(res *rewrite.Result, out outgoingPut, resp *http.Response)
 }
 
 // remember updates confshim's record and cached state after APISIX answered.
-func (p *Proxy) remember(resp *http.Response, res *rewrite.Result, creds credentials, out outgoingPut) {
+func (p *Proxy) remember(resp *http.Response, res *rewrite.Result) {
 	switch {
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
 		return // nothing was stored: the record still describes the data plane
