@@ -33,9 +33,13 @@ var (
 	buildErr  error
 )
 
-// confshimBinary builds ./cmd/confshim once per test run.
+// confshimBinary builds ./cmd/confshim once per test run; CONFSHIM_TEST_BINARY names
+// another binary to test instead (a release build, or an older one to compare).
 func confshimBinary(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("CONFSHIM_TEST_BINARY"); bin != "" {
+		return bin
+	}
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "confshim-bin")
 		if err != nil {
