@@ -4,28 +4,17 @@ import (
 	"errors"
 	"reflect"
 	"testing"
-
-	"golang.org/x/tools/txtar"
-	"os"
-	"path/filepath"
 )
 
 // FuzzPrepareLike checks the layout shortcut against a full scan: for a body patched
 // in place (same length), PrepareLike with the original's layout gives exactly what
 // Prepare gives — the same members, names and hashes, or the same kind of error.
 func FuzzPrepareLike(f *testing.F) {
-	paths, _ := filepath.Glob("../testdata/rewrite/*.txtar")
-	for _, p := range paths {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			f.Fatal(err)
-		}
-		if req, ok := body(txtar.Parse(data), "request.json"); ok {
-			f.Add(req, []byte("9"), uint16(25))
-			f.Add(req, []byte(`"x"`), uint16(40))
-			f.Add(req, []byte(`]`), uint16(60))
-		}
-	}
+	seedCorpus(f, func(req []byte) {
+		f.Add(req, []byte("9"), uint16(25))
+		f.Add(req, []byte(`"x"`), uint16(40))
+		f.Add(req, []byte(`]`), uint16(60))
+	})
 	f.Fuzz(func(t *testing.T, base, patch []byte, at uint16) {
 		rw := New(DefaultPreserve)
 		first, err := rw.Prepare(base)
