@@ -60,6 +60,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRewrite$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./rewrite/
 	$(GO) test -run '^$$' -fuzz '^FuzzYAMLScan$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./rewrite/
 	$(GO) test -run '^$$' -fuzz '^FuzzYAMLSplice$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./rewrite/
+	$(GO) test -run '^$$' -fuzz '^FuzzPrepareLike$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./rewrite/
 	$(GO) test -run '^$$' -fuzz '^FuzzProxyPut$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./proxy/
 
 integration:
