@@ -283,6 +283,7 @@ func (p *Proxy) stateReadFailed(w http.ResponseWriter, r *http.Request, err erro
 // probeResult is APISIX's answer to the caller's credentials, asked before the body
 // is read: HEAD /apisix/admin/configs (≥ 3.14), or the state itself by GET (3.13).
 type probeResult struct {
+	at           time.Time
 	writes       uint64 // Proxy.writes when the probe ran: a probe from before another PUT is stale
 	head         bool
 	digest       string
@@ -293,28 +294,32 @@ type probeResult struct {
 // probe asks APISIX whether the caller may read the configuration, with exactly the
 // credentials the PUT carries. A refusal is a RefusedError.
 func (p *Proxy) probe(ctx context.Context, creds credentials) (*probeResult, error) {
-	writes := p.writes.Load()
+	writes, at := p.writes.Load(), time.Now()
 	if !p.noHead.Load() {
 		head, status, err := p.head(ctx, creds)
 		switch {
 		case err != nil:
 			return nil, err
 		case head != nil:
-			head.writes = writes
+			head.writes, head.at = writes, at
 			return head, nil
 		case status == http.StatusNotFound:
 			p.noHead.Store(true) // APISIX 3.13: no HEAD on /configs
 			p.log.Info().Str("event", "no_head").Msg("the data plane has no HEAD /apisix/admin/configs (APISIX 3.13): state reads use GET, re-seeding is off")
 		case status != http.StatusMethodNotAllowed:
-			return &probeResult{writes: writes}, nil // the state read under the lock decides
+			return &probeResult{writes: writes, at: at}, nil // the state read under the lock decides
 		}
 	}
 	st, digest, lastModified, err := p.readState(ctx, creds)
 	if err != nil {
 		return nil, err
 	}
-	return &probeResult{writes: writes, state: st, digest: digest, lastModified: lastModified}, nil
+	return &probeResult{writes: writes, at: at, state: st, digest: digest, lastModified: lastModified}, nil
 }
+
+// probeFreshness bounds how old a probe may be to serve as the revalidation under the
+// lock: a slow body must not make confshim decide on a state read long before.
+const probeFreshness = time.Second
 
 // head is HEAD /apisix/admin/configs with the caller's credentials: the metadata when
 // APISIX answers 200, a RefusedError on 401/403, otherwise the status alone.
@@ -337,8 +342,8 @@ func (p *Proxy) head(ctx context.Context, creds credentials) (*probeResult, int,
 // HEAD (the probe's, if no PUT went through since) shows nobody wrote since it was
 // read, otherwise a GET.
 func (p *Proxy) stateFor(ctx context.Context, creds credentials, probe *probeResult, fresh bool) (*rewrite.State, error) {
-	if probe != nil && probe.writes != p.writes.Load() {
-		probe = nil // another PUT went through meanwhile
+	if probe != nil && (probe.writes != p.writes.Load() || time.Since(probe.at) > probeFreshness) {
+		probe = nil // another PUT went through meanwhile, or the probe is too old
 	}
 	if !fresh && probe != nil && probe.state != nil {
 		p.setState(probe.state, probe.digest, probe.lastModified)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -159,5 +160,46 @@ func TestBufferNotReusedWhileTheTransportSends(t *testing.T) {
 		if len(p.body) > 0 && !strings.HasPrefix(string(p.body), `{"routes_conf_version":`) {
 			t.Fatalf("a forwarded body was overwritten: %.40q", p.body)
 		}
+	}
+}
+
+// TestAWriteWhileTheBodyArrives: an out-of-band write lands after the probe and before
+// the body is complete; whichever way confshim learns of it (a fresh revalidation, or
+// APISIX's conflict and one retry), the preserved secrets survive and the sync lands.
+func TestAWriteWhileTheBodyArrives(t *testing.T) {
+	f := newFixture(t, nil, nil)
+	pr, pw := io.Pipe()
+	done := make(chan resp, 1)
+	go func() {
+		req, _ := http.NewRequest("PUT", f.url+"/apisix/admin/configs", pr)
+		req.Header.Set("X-API-KEY", key)
+		req.Header.Set("X-Digest", "slow")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- resp{status: -1}
+			return
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		done <- resp{status: res.StatusCode, header: res.Header, body: string(b)}
+	}()
+	_, _ = io.WriteString(pw, `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/a"}],`)
+	waitUntil(t, func() bool { return len(f.rec.all()) >= 1 }) // probed
+	oob := httptest.NewRequest("PUT", "/apisix/admin/configs", strings.NewReader(`{"secrets_conf_version":5,"secrets":[{"id":"vault/1","uri":"http://v"}]}`))
+	oob.Header.Set("X-API-KEY", key)
+	oob.Header.Set("X-Digest", "oob")
+	rec := httptest.NewRecorder()
+	f.em.ServeHTTP(rec, oob)
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("out-of-band write: %d", rec.Code)
+	}
+	_, _ = io.WriteString(pw, `"secrets_conf_version":0}`)
+	pw.Close()
+	r := <-done
+	if r.status != http.StatusAccepted || !strings.Contains(r.header.Get("X-Confshim-Actions"), "secrets=preserved") {
+		t.Fatalf("%d %v %s", r.status, r.header, r.body)
+	}
+	if f.em.Document()["secrets"] == nil {
+		t.Fatal("the out-of-band secrets were wiped")
 	}
 }
