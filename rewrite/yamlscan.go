@@ -247,7 +247,7 @@ func (s *yscan) line(ls int) (next int, end bool, err error) {
 		if s.flowPlain {
 			s.flowPlain = false
 			if !strings.ContainsRune(",[]{}#", rune(b[c])) && !(b[c] == ':' && (c+1 >= le || isBlankByte(b[c+1]) || strings.ContainsRune(",[]{}", rune(b[c+1])))) {
-				return next, false, s.plainFlow(c, le)
+				return next, false, s.plainFlowFrom(c, le)
 			}
 		}
 		return next, false, s.tokens(c, le, true)
@@ -545,7 +545,6 @@ func (s *yscan) plainFlowFrom(i, le int) error {
 	return s.tokens(k, le, false)
 }
 
-func (s *yscan) plainFlow(i, le int) error { return s.plainFlowFrom(i, le) }
 
 // quoted scans a quoted scalar's content from i; it returns the offset past the
 // closing quote, or false when the line ends first.
