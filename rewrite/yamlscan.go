@@ -545,7 +545,6 @@ func (s *yscan) plainFlowFrom(i, le int) error {
 	return s.tokens(k, le, false)
 }
 
-
 // quoted scans a quoted scalar's content from i; it returns the offset past the
 // closing quote, or false when the line ends first.
 func (s *yscan) quoted(i, le int, q byte) (int, bool) {
