@@ -98,24 +98,33 @@ func TestUpgradesAreRefused(t *testing.T) {
 	}
 }
 
+// slowPut starts a configs PUT whose body the test writes (and closes) through pw;
+// APISIX's answer arrives on done.
+func slowPut(t *testing.T, f *fixture, digest string) (pw *io.PipeWriter, done <-chan resp) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	answer := make(chan resp, 1)
+	go func() {
+		req, _ := http.NewRequest("PUT", f.url+"/apisix/admin/configs", pr)
+		req.Header.Set("X-API-KEY", key)
+		req.Header.Set("X-Digest", digest)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answer <- resp{status: -1}
+			return
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		answer <- resp{status: res.StatusCode, header: res.Header, body: string(b)}
+	}()
+	return pw, answer
+}
+
 // TestSlowClientDoesNotHoldThePutLock: a client that trickles its body does not stop
 // another client's PUT, because the body is read before the lock is taken.
 func TestSlowClientDoesNotHoldThePutLock(t *testing.T) {
 	f := newFixture(t, nil, nil)
-	pr, pw := io.Pipe()
-	slowDone := make(chan int, 1)
-	go func() {
-		req, _ := http.NewRequest("PUT", f.url+"/apisix/admin/configs", pr)
-		req.Header.Set("X-API-KEY", key)
-		req.Header.Set("X-Digest", "slow")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			slowDone <- -1
-			return
-		}
-		resp.Body.Close()
-		slowDone <- resp.StatusCode
-	}()
+	pw, slowDone := slowPut(t, f, "slow")
 	_, _ = io.WriteString(pw, `{"routes_conf_version":`)       // half a body, then silence
 	waitUntil(t, func() bool { return len(f.rec.all()) >= 1 }) // the slow PUT was probed and is being read
 	// the fast PUT lands while the slow body is still incomplete: had the slow client
@@ -132,8 +141,8 @@ func TestSlowClientDoesNotHoldThePutLock(t *testing.T) {
 	resp.Body.Close()
 	_, _ = io.WriteString(pw, `6}`)
 	pw.Close()
-	if got := <-slowDone; got != http.StatusAccepted {
-		t.Fatalf("slow PUT: %d", got)
+	if got := <-slowDone; got.status != http.StatusAccepted {
+		t.Fatalf("slow PUT: %d", got.status)
 	}
 }
 

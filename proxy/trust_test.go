@@ -168,21 +168,7 @@ func TestBufferNotReusedWhileTheTransportSends(t *testing.T) {
 // APISIX's conflict and one retry), the preserved secrets survive and the sync lands.
 func TestAWriteWhileTheBodyArrives(t *testing.T) {
 	f := newFixture(t, nil, nil)
-	pr, pw := io.Pipe()
-	done := make(chan resp, 1)
-	go func() {
-		req, _ := http.NewRequest("PUT", f.url+"/apisix/admin/configs", pr)
-		req.Header.Set("X-API-KEY", key)
-		req.Header.Set("X-Digest", "slow")
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			done <- resp{status: -1}
-			return
-		}
-		b, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		done <- resp{status: res.StatusCode, header: res.Header, body: string(b)}
-	}()
+	pw, done := slowPut(t, f, "slow")
 	_, _ = io.WriteString(pw, `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/a"}],`)
 	waitUntil(t, func() bool { return len(f.rec.all()) >= 1 }) // probed
 	oob := httptest.NewRequest("PUT", "/apisix/admin/configs", strings.NewReader(`{"secrets_conf_version":5,"secrets":[{"id":"vault/1","uri":"http://v"}]}`))

@@ -36,6 +36,10 @@ func plainKeys(root *yaml.Node) ([]string, bool) {
 // oracle reads as a mapping with scalar keys, the pass finds the same keys in the same
 // order (or refuses); it never calls a mapping "not an object"; and a version it reads
 // has the oracle's scalar text.
+//
+// Its seeds, run by every go test, include documents built to misplace a key: block
+// scalars with indicators, multi-line quoted and plain scalars, flow collections across
+// lines, quotes in comments.
 func FuzzYAMLScan(f *testing.F) {
 	for _, s := range yamlSeeds {
 		f.Add([]byte(s))
@@ -154,4 +158,26 @@ var yamlSeeds = []string{
 	"'routes_conf_version': 0x10 # hex\n\"secrets\": []\n",
 	"{\"routes_conf_version\": 1, \"routes\": []}",
 	"routes_conf_version: 1\n...\nsecrets_conf_version: 9\n",
+	// built to make a line-based reader misplace a top-level key
+
+	"routes: |2\n  secrets_conf_version: 9\nsecrets_conf_version: 1\n",
+	"routes: |+\n  a\n\n\nsecrets_conf_version: 1\n",
+	"routes: >-\n    folded\n  secrets_conf_version: 9\nsecrets_conf_version: 1\n",
+	"routes: \"multi\n line \\\" \nsecrets_conf_version: 9\"\nsecrets_conf_version: 1\n",
+	"routes: 'it''s\nsecrets_conf_version: 9'\nsecrets_conf_version: 1\n",
+	"routes: [\"]\", {a: '}'}, # ]\n  x]\nsecrets_conf_version: 1\n",
+	"routes: plain\n  secrets_conf_version 9\nsecrets_conf_version: 1\n",
+	"routes:\n- a\n- b: |\n    secrets_conf_version: 9\n- c\nsecrets_conf_version: 1\n",
+	"routes: &a:b [1]\nupstreams: *a:b\nsecrets_conf_version: 1\n",
+	"routes: # \"quote in a comment\n  - 1\nsecrets_conf_version: 1\n",
+	"routes:\n  - {id: r1,\nsecrets_conf_version: 9}\nsecrets_conf_version: 1\n",
+	"routes:\n  ? complex\n  : value\nsecrets_conf_version: 1\n",
+	"routes: [a,\n\tb]\nsecrets_conf_version: 1\n",
+	"routes:\n  - |\n   text\n  secrets_conf_version: 9\nsecrets_conf_version: 1\n",
+	"routes: !!str tagged\nsecrets_conf_version: 1\n",
+	"routes: \"a\\\n  b\"\nsecrets_conf_version: 1\n",
+	"\"routes\": 1\n'secrets_conf_version': 1\n",
+	"routes: a # comment: not a key\nsecrets_conf_version: 1\n",
+	"routes: x\n ...\nsecrets_conf_version: 1\n",
+	"routes: [\n  \"a\",\n  'b'\n]\nsecrets_conf_version: 1\n",
 }
