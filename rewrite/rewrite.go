@@ -449,12 +449,14 @@ func (rw *Rewriter) equal(section string, items []byte, sum uint64, vS float64, 
 		// the record does not vouch for counts as changed, so it is applied, not lost.
 		return false, 0, false, nil
 	}
-	fp = h.sectionFingerprint(items)
-	if ok && e.version == vS && e.fpKnown {
-		return fp == e.fp, fp, true, nil
-	}
-	if !in.State.ItemsKnown {
+	recordKnows := ok && e.version == vS && e.fpKnown
+	if !recordKnows && !in.State.ItemsKnown {
+		// ask for the items before fingerprinting: the call is repeated with them
 		return false, 0, false, ErrStateIncomplete
+	}
+	fp = h.sectionFingerprint(items)
+	if recordKnows {
+		return fp == e.fp, fp, true, nil
 	}
 	return fp == h.sectionFingerprint(in.State.Items[section]), fp, true, nil
 }
