@@ -114,7 +114,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		m.Reseeds.WithLabelValues(r)
 	}
 	for _, s := range append(slices.Clone(rewrite.KnownSections), "other") {
-		for _, a := range rewrite.Actions {
+		for _, a := range rewrite.AllActions {
 			m.SectionRewrites.WithLabelValues(s, string(a))
 		}
 	}

@@ -482,7 +482,7 @@ func TestMetricsExposition(t *testing.T) {
 	}
 	// every series alerts and dashboards use exists from the start (at 0)
 	n, err := testutil.GatherAndCount(f.reg, "confshim_section_rewrites_total")
-	if err != nil || n != (len(rewrite.KnownSections)+1)*len(rewrite.Actions) {
+	if err != nil || n != (len(rewrite.KnownSections)+1)*len(rewrite.AllActions) {
 		t.Fatalf("section × action series: %d %v", n, err)
 	}
 	n, err = testutil.GatherAndCount(f.reg, "confshim_build_info", "go_goroutines", "process_cpu_seconds_total", "confshim_noop_puts_total", "confshim_thinned_bytes_total", "confshim_reseeds_total")

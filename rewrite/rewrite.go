@@ -31,8 +31,8 @@ const (
 	Settled   Action = "settled"   // re-stamped but unchanged: set back to the data plane's version
 )
 
-// Actions lists every action, for metrics that start at zero.
-var Actions = []Action{Raised, Bumped, Preserved, Settled}
+// AllActions lists every action, for metrics that start at zero.
+var AllActions = []Action{Raised, Bumped, Preserved, Settled}
 
 // Change is one section that the rewrite changed.
 type Change struct {
