@@ -106,21 +106,22 @@ func (p *Proxy) keepAfterPut(resp *http.Response, res *rewrite.Result, prepared 
 		var items []byte
 		switch {
 		case o.FromBody:
-			var ok bool
-			if items, ok = prepared.JSONItems(o.Section); !ok {
+			body, ok := prepared.JSONItems(o.Section)
+			if !ok {
 				p.setKept(nil) // YAML items: read back as JSON by the watcher
 				return
 			}
+			items = bytes.Clone(body) // the body's buffer goes back to the pool
 		case prev != nil && prev.Versions[o.Section] == o.Version:
-			items = prev.Items[o.Section]
+			items = prev.Items[o.Section] // immutable: shared, not copied again
 		case st != nil && st.ItemsKnown: // the state read (or revalidated) before this PUT
-			items = st.Items[o.Section]
+			items = bytes.Clone(st.Items[o.Section])
 		default:
 			p.setKept(nil)
 			return
 		}
 		if len(items) > 0 && !bytes.Equal(bytes.TrimSpace(items), []byte("[]")) {
-			next.Items[o.Section] = bytes.Clone(items)
+			next.Items[o.Section] = items
 		}
 	}
 	p.setKept(next)
@@ -142,9 +143,9 @@ func (p *Proxy) setKept(k *keptConfig) {
 	}
 }
 
-// WatchDataPlane checks the data plane every --reseed-interval and re-seeds it when it
+// watchDataPlane checks the data plane every --reseed-interval and re-seeds it when it
 // holds nothing. It returns when ctx ends.
-func (p *Proxy) WatchDataPlane(ctx context.Context) {
+func (p *Proxy) watchDataPlane(ctx context.Context) {
 	if p.cfg.ReseedInterval <= 0 {
 		return
 	}
@@ -380,5 +381,5 @@ func (p *Proxy) StartBackground(ctx context.Context) {
 	if p.cfg.StateDir != "" {
 		go p.writeStateFiles(ctx, p.cfg.StateDir)
 	}
-	go p.WatchDataPlane(ctx)
+	go p.watchDataPlane(ctx)
 }
