@@ -1,3 +1,5 @@
+//go:build containers
+
 package integration
 
 import (
@@ -24,7 +26,8 @@ import (
 
 // These tests start the real apache/apisix image in API-driven standalone mode and put
 // confshim (in-process) in front of its Admin API. They run with `make integration` on
-// a machine with Docker and skip, with one line saying why, where there is none.
+// a machine with Docker (build tag containers, so `go test ./...` never builds them)
+// and skip, with one line saying why, where there is none.
 // CONFSHIM_APISIX_IMAGE picks the image (default a 3.17 Debian tag).
 
 const apisixConfig = `apisix:
