@@ -130,7 +130,7 @@ func TestFaultDataPlaneRestart(t *testing.T) {
 			c := s.client(true)
 			mustLand(t, sync1(t, c, config("v1")))
 			mustLand(t, sync1(t, c, config("v2")))
-			s.em.Restart() // state lost; confshim's cache and record describe the old one
+			s.restartDataPlane(t, restartDowntime) // state lost; confshim's cache and record describe the old one
 			mustLand(t, sync1(t, c, config("v3")))
 			for _, section := range []string{"routes", "services", "upstreams", "consumers"} {
 				if got := s.items(t, section); got != wantItems(config("v3"), section) {

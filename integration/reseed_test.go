@@ -43,6 +43,10 @@ func waitLog(t *testing.T, s *stack, event string, n int) {
 	}
 }
 
+// restartDowntime is how long a restarted data plane's port stays closed in these tests
+// (a real container: about 1–2 s).
+const restartDowntime = 150 * time.Millisecond
+
 // settle lets the watcher run a few times (only where nothing may happen).
 func settle() { time.Sleep(3 * watch) }
 
@@ -53,7 +57,7 @@ func TestReseedAfterDataPlaneRestart(t *testing.T) {
 	registerSecrets(t, s) // straight to the data plane: the watcher reads it back once
 	waitLog(t, s, "kept_refreshed", 1)
 	before := s.em.Document()
-	s.em.Restart()
+	s.restartDataPlane(t, restartDowntime)
 	took := waitRestored(t, s)
 	t.Logf("re-seeded %v after the restart (watch every %v)", took, watch)
 	if took > 2*time.Second {
@@ -107,7 +111,7 @@ func TestReseedAfterConfshimRestartWithStateDir(t *testing.T) {
 		t.Fatalf("state file: %v %v", info, err)
 	}
 	s.startProxy(t) // confshim restarts: its memory is gone, the file is not
-	s.em.Restart()
+	s.restartDataPlane(t, restartDowntime)
 	took := waitRestored(t, s)
 	t.Logf("re-seeded from --state-dir %v after the restart", took)
 	mustContain(t, s.items(t, "secrets"), "vault/1")
@@ -120,7 +124,7 @@ func TestNoReseedWithoutStateDirAfterConfshimRestart(t *testing.T) {
 	s := newStack(t, stackOptions{reseed: watch, adminKey: adminKey})
 	mustLand(t, sync1(t, s.client(true), config("v1")))
 	s.startProxy(t) // memory only: nothing kept after a restart
-	s.em.Restart()
+	s.restartDataPlane(t, restartDowntime)
 	settle()
 	if s.em.Document() != nil {
 		t.Fatal("re-seeded from nothing")
@@ -141,7 +145,7 @@ func TestReseedLeavesAnotherConfigurationAlone(t *testing.T) {
 	mustLand(t, sync1(t, s.client(true), config("v1")))
 	// the data plane comes back with someone else's configuration before the watcher looks
 	hold.Lock()
-	s.em.Restart()
+	s.restartDataPlane(t, restartDowntime)
 	other := `{"routes_conf_version":1,"routes":[{"id":"theirs","uri":"/theirs"}]}`
 	if status, _ := rawPut(t, s.dpURL, other, "theirs"); status != http.StatusAccepted {
 		t.Fatalf("the other writer: %d", status)
@@ -169,7 +173,7 @@ func TestReseedRetriesWhenTheDataPlaneFailsMidway(t *testing.T) {
 	}})
 	mustLand(t, sync1(t, s.client(true), config("v1")))
 	dropOne.Store(true)
-	s.em.Restart()
+	s.restartDataPlane(t, restartDowntime)
 	waitRestored(t, s)
 	if failed := counter(s.metrics.Reseeds.WithLabelValues("failed")); failed != 1 {
 		t.Fatalf("reseeds_total{failed} = %v, want 1", failed)
@@ -193,7 +197,7 @@ func TestClientSyncDuringReseed(t *testing.T) {
 	c := s.client(true)
 	mustLand(t, sync1(t, c, config("v1")))
 	slowed.Store(true)
-	s.em.Restart()
+	s.restartDataPlane(t, restartDowntime)
 	for slowed.Load() { // until the re-seed PUT is in flight
 		time.Sleep(5 * time.Millisecond)
 	}

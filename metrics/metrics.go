@@ -29,20 +29,88 @@ type Metrics struct {
 	ReseedDuration    prometheus.Histogram
 }
 
+// Label values are typed, so that a typo is a compile error, not a new series.
+
+// UpstreamErrorKind is a value of confshim_upstream_errors_total{kind}.
+type UpstreamErrorKind string
+
+// The kinds of contract §7.
+const (
+	Unreachable UpstreamErrorKind = "unreachable"
+	Timeout     UpstreamErrorKind = "timeout"
+	TLS         UpstreamErrorKind = "tls"
+	Reset       UpstreamErrorKind = "reset"
+	OtherError  UpstreamErrorKind = "other"
+)
+
 // UpstreamErrorKinds are the values of confshim_upstream_errors_total{kind}.
-var UpstreamErrorKinds = []string{"unreachable", "timeout", "tls", "reset", "other"}
+var UpstreamErrorKinds = []UpstreamErrorKind{Unreachable, Timeout, TLS, Reset, OtherError}
+
+// UntouchedReason is a value of confshim_configs_put_untouched_total{reason}.
+type UntouchedReason string
+
+// Why a configs PUT went to APISIX without a rewrite.
+const (
+	UntouchedRefused UntouchedReason = "refused" // APISIX refused the caller's credentials
+	UntouchedEncoded UntouchedReason = "encoded" // a Content-Encoding confshim does not decode (APISIX neither)
+	UntouchedInvalid UntouchedReason = "invalid" // not parseable, or a non-numeric version: APISIX rejects it whole
+)
 
 // UntouchedReasons are the values of confshim_configs_put_untouched_total{reason}.
-var UntouchedReasons = []string{"refused", "encoded", "invalid"}
+var UntouchedReasons = []UntouchedReason{UntouchedRefused, UntouchedEncoded, UntouchedInvalid}
+
+// RefusedReason is a value of confshim_refused_requests_total{reason}.
+type RefusedReason string
+
+// Why confshim answered a request itself.
+const (
+	RefusedAllowCIDRs   RefusedReason = "allow_cidrs"
+	RefusedUpgrade      RefusedReason = "upgrade"
+	RefusedBodyBudget   RefusedReason = "body_budget"
+	RefusedUnrepairable RefusedReason = "unrepairable"
+)
 
 // RefusedReasons are the values of confshim_refused_requests_total{reason}.
-var RefusedReasons = []string{"allow_cidrs", "upgrade", "body_budget", "unrepairable"}
+var RefusedReasons = []RefusedReason{RefusedAllowCIDRs, RefusedUpgrade, RefusedBodyBudget, RefusedUnrepairable}
+
+// ReseedResult is a value of confshim_reseeds_total{result}.
+type ReseedResult string
+
+// The results of one re-seed.
+const (
+	ReseedRestored ReseedResult = "restored"
+	ReseedFailed   ReseedResult = "failed"
+	ReseedSkipped  ReseedResult = "skipped"
+)
 
 // ReseedResults are the values of confshim_reseeds_total{result}.
-var ReseedResults = []string{"restored", "failed", "skipped"}
+var ReseedResults = []ReseedResult{ReseedRestored, ReseedFailed, ReseedSkipped}
+
+// Route is a value of the route label.
+type Route string
+
+// The two routes: the intercepted configs PUT and everything else.
+const (
+	RouteConfigsPut  Route = "configs_put"
+	RoutePassthrough Route = "passthrough"
+)
 
 // Routes are the values of the route label.
-var Routes = []string{"configs_put", "passthrough"}
+var Routes = []Route{RouteConfigsPut, RoutePassthrough}
+
+// UpstreamError counts an upstream request that got no HTTP answer.
+func (m *Metrics) UpstreamError(k UpstreamErrorKind) {
+	m.UpstreamErrors.WithLabelValues(string(k)).Inc()
+}
+
+// Untouch counts a configs PUT forwarded without a rewrite.
+func (m *Metrics) Untouch(r UntouchedReason) { m.Untouched.WithLabelValues(string(r)).Inc() }
+
+// Refuse counts a request confshim answered itself.
+func (m *Metrics) Refuse(r RefusedReason) { m.Refused.WithLabelValues(string(r)).Inc() }
+
+// Reseed counts one re-seed.
+func (m *Metrics) Reseed(r ReseedResult) { m.Reseeds.WithLabelValues(string(r)).Inc() }
 
 // New registers confshim's collectors, the Go and process collectors and a build-info
 // gauge on reg. Every label value that alerts and dashboards use starts at 0, so that
@@ -102,23 +170,24 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		m.NoopPuts, m.ThinnedBytes, m.Reseeds, m.ReseedDuration, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, k := range UpstreamErrorKinds {
-		m.UpstreamErrors.WithLabelValues(k)
+		m.UpstreamErrors.WithLabelValues(string(k))
 	}
 	for _, r := range UntouchedReasons {
-		m.Untouched.WithLabelValues(r)
+		m.Untouched.WithLabelValues(string(r))
 	}
 	for _, r := range RefusedReasons {
-		m.Refused.WithLabelValues(r)
+		m.Refused.WithLabelValues(string(r))
 	}
 	for _, r := range ReseedResults {
-		m.Reseeds.WithLabelValues(r)
+		m.Reseeds.WithLabelValues(string(r))
 	}
 	for _, s := range append(slices.Clone(rewrite.KnownSections), "other") {
 		for _, a := range rewrite.AllActions {
 			m.SectionRewrites.WithLabelValues(s, string(a))
 		}
 	}
-	for _, route := range Routes {
+	for _, r := range Routes {
+		route := string(r)
 		m.RequestDuration.WithLabelValues(route)
 		for _, code := range []string{"200", "202", "204", "400", "401", "403", "413", "502", "503", "504"} {
 			method := "GET"

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/confshim/confshim/metrics"
 )
 
 // statusClientGone is logged and counted for a client that went away: nothing reaches it.
@@ -88,17 +89,16 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, func()
 			w.WriteHeader(statusClientGone)
 			return nil, nil, false
 		}
-		p.m.Refused.WithLabelValues("body_budget").Inc()
+		p.m.Refuse(metrics.RefusedBodyBudget)
 		p.log.Warn().Str("event", "refused").Str("reason", "body_budget").Int64("bytes", reserved).Msg("request bodies in flight are over --body-budget-bytes; answered 503")
 		w.Header().Set("Retry-After", budgetRetryAfter)
 		p.writeError(w, http.StatusServiceUnavailable, "request bodies in flight are over their memory budget (--body-budget-bytes); retry later")
 		return nil, nil, false
 	}
 	bufp := p.getBuf()
-	buf := bytes.NewBuffer((*bufp)[:0])
-	_, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
-	*bufp = buf.Bytes()
-	n := int64(buf.Len())
+	body, err := readGrowing((*bufp)[:0], r.Body, limit+1, r.ContentLength)
+	*bufp = body
+	n := int64(len(body))
 	if n < reserved {
 		p.budget.release(reserved - n) // keep what the body holds, not what it announced
 		reserved = n
@@ -122,7 +122,56 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, func()
 		p.writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over --max-body-bytes (%d)", limit))
 		return nil, nil, false
 	}
-	return buf.Bytes(), release, true
+	return body, release, true
+}
+
+// readGrowing reads r into buf, at most limit bytes. The buffer doubles as bytes
+// arrive, never past what the client announced (announced < 0: unknown), so a body of
+// a known length ends in a buffer of exactly that length: the pooled buffers, and so
+// confshim's memory, do not depend on how the bytes happened to arrive.
+func readGrowing(buf []byte, r io.Reader, limit, announced int64) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) && announced >= 0 && int64(len(buf)) >= announced {
+			// all that was announced has arrived: look for the end without growing
+			var one [1]byte
+			n, err := r.Read(one[:])
+			if n == 0 && err == io.EOF {
+				return buf, nil
+			}
+			if err != nil && err != io.EOF {
+				return buf, err
+			}
+			buf = append(buf, one[:n]...)
+			announced = -1 // longer than announced: grow as for an unknown length
+			continue
+		}
+		if len(buf) == cap(buf) {
+			next := max(2*cap(buf), 64<<10)
+			if announced > int64(len(buf)) && int64(next) > announced {
+				next = int(announced)
+			}
+			if int64(next) > limit {
+				next = int(limit)
+			}
+			if next <= len(buf) {
+				next = len(buf) + 512 // past the announced length: the read below sees EOF
+			}
+			grown := make([]byte, len(buf), next)
+			copy(grown, buf)
+			buf = grown
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+		if int64(len(buf)) >= limit {
+			return buf, nil
+		}
+	}
 }
 
 // buffers is a small free list of body-sized buffers. sync.Pool empties itself at

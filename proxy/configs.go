@@ -47,99 +47,156 @@ func (e BadStateError) Error() string { return e.Err.Error() }
 
 const conflictMessage = "_conf_version must be greater than or equal to"
 
-// untouchedReason says why a configs PUT is forwarded without a rewrite (the reason
-// label of confshim_configs_put_untouched_total); "" means it is rewritten.
-type untouchedReason string
+// putRequest is one configs PUT on its way through confshim: what the caller sent, what
+// was decided on it, and the buffers to give back. Its methods are the steps of
+// putConfigs, in order.
+type putRequest struct {
+	p     *Proxy
+	w     http.ResponseWriter
+	r     *http.Request
+	creds credentials
 
-const (
-	untouchedRefused untouchedReason = "refused" // APISIX refused the caller's credentials
-	untouchedEncoded untouchedReason = "encoded" // a Content-Encoding confshim does not decode (APISIX neither)
-	untouchedInvalid untouchedReason = "invalid" // not parseable, or a non-numeric version: APISIX rejects it whole
-)
+	in          rewrite.Input // the body and the client's digest
+	prepared    *rewrite.Prepared
+	untouched   metrics.UntouchedReason
+	prepareTime time.Duration
+
+	releases []func()          // buffers and budget to give back
+	sent     []<-chan struct{} // the transport may read our buffers until these close
+}
+
+// maxRedials bounds how often one PUT is decided again because the connection its
+// state was read on closed (a restarting data plane).
+const maxRedials = 2
 
 // putConfigs is contract §5 and §8: ask APISIX whether the caller may write before
 // buffering anything, read the body within the memory budget, decide, forward one
 // complete PUT, retry once on a version conflict, answer with APISIX's response plus
 // X-Confshim-Actions.
 func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
-	creds := credentialsOf(r)
-	probe, err := p.probe(r.Context(), creds)
+	pr := &putRequest{p: p, w: w, r: r, creds: credentialsOf(r)}
+	if !pr.authorize() || !pr.readBody() {
+		return
+	}
+	defer pr.release()
+	if !pr.prepare() || !pr.lock() {
+		return
+	}
+	defer p.unlockPut()
+	pr.forward()
+}
+
+// authorize asks APISIX, with the caller's credentials, whether it may use the
+// configuration; a caller APISIX refuses costs no more than a plain proxy would (§5.7).
+func (pr *putRequest) authorize() bool {
+	err := pr.p.probe(pr.r.Context(), pr.creds)
 	var refused RefusedError
 	switch {
 	case errors.As(err, &refused):
-		// §5.7: a caller APISIX refuses costs no more than a plain proxy would.
-		p.m.Untouched.WithLabelValues(string(untouchedRefused)).Inc()
-		p.passthrough(w, r)
-		return
+		pr.p.m.Untouch(metrics.UntouchedRefused)
+		pr.p.passthrough(pr.w, pr.r)
+		return false
 	case err != nil:
-		p.stateReadFailed(w, r, err)
-		return
+		pr.p.stateReadFailed(pr.w, pr.r, err)
+		return false
 	}
+	return true
+}
 
-	body, release, ok := p.readBody(w, r)
+func (pr *putRequest) readBody() bool {
+	body, release, ok := pr.p.readBody(pr.w, pr.r)
 	if !ok {
+		return false
+	}
+	pr.in.Body = body
+	pr.releases = append(pr.releases, release)
+	if v := pr.r.Header.Values("X-Digest"); len(v) > 0 {
+		pr.in.Digest, pr.in.HasDigest = v[0], true
+	}
+	return true
+}
+
+// release gives the buffers back once the transport let go of them: at once in the
+// usual case (APISIX read the whole body before it answered), so that the next PUT
+// finds them in the pool; later, on its own goroutine, when a body is still being sent.
+func (pr *putRequest) release() {
+	run := func() {
+		for _, f := range pr.releases {
+			f()
+		}
+	}
+	if waitAllFor(pr.sent, 100*time.Millisecond) {
+		run()
 		return
 	}
-	var sent []<-chan struct{} // the transport may still read our buffers until these close
-	defer func() { go func() { waitAll(sent); release() }() }()
+	go func() { waitAll(pr.sent); run() }()
+}
 
-	// Scan before taking the lock: concurrent clients do it in parallel.
+// prepare scans the body before the lock, so that concurrent clients do it in parallel.
+func (pr *putRequest) prepare() bool {
 	start := time.Now()
-	prepared, untouched, err := p.prepare(r, body)
-	prepareTime := time.Since(start)
+	prepared, untouched, err := pr.p.prepare(pr.r, pr.in.Body)
+	pr.prepareTime = time.Since(start)
 	var refuse *rewrite.RefuseError
 	if errors.As(err, &refuse) {
-		p.refuse(w, refuse)
-		return
+		pr.p.refuse(pr.w, refuse)
+		return false
 	}
+	pr.prepared, pr.untouched = prepared, untouched
+	return true
+}
 
-	// Serialise PUTs; the body was read first so a slow client cannot hold the lock.
+// lock serialises PUTs; the body was read first so a slow client cannot hold the lock.
+func (pr *putRequest) lock() bool {
 	select {
-	case p.putLock <- struct{}{}:
-		defer func() { <-p.putLock }()
-	case <-r.Context().Done():
-		p.m.ClientDisconnects.Inc()
-		w.WriteHeader(statusClientGone)
-		return
+	case pr.p.putLock <- struct{}{}:
+		return true
+	case <-pr.r.Context().Done():
+		pr.p.m.ClientDisconnects.Inc()
+		pr.w.WriteHeader(statusClientGone)
+		return false
 	}
+}
 
-	in := rewrite.Input{Body: body}
-	if v := r.Header.Values("X-Digest"); len(v) > 0 {
-		in.Digest, in.HasDigest = v[0], true
-	}
-	for attempt := 0; ; attempt++ {
+// forward decides and sends under the lock, and answers the client.
+func (pr *putRequest) forward() {
+	p := pr.p
+	conflictRetried, redials := false, 0
+	for fresh := false; ; fresh = true {
 		var res *rewrite.Result
-		if untouched == "" {
-			res, untouched, err = p.decideUnderLock(r, creds, probe, prepared, prepareTime, in, attempt > 0)
-			probe = nil // used once: a retry reads the state afresh
-			if errors.As(err, &refuse) {
-				p.refuse(w, refuse)
+		if pr.untouched == "" {
+			var err error
+			var refuse *rewrite.RefuseError
+			res, err = pr.decide(fresh)
+			switch {
+			case errors.As(err, &refuse):
+				p.refuse(pr.w, refuse)
 				return
-			}
-			if err != nil {
-				p.stateReadFailed(w, r, err)
+			case err != nil:
+				p.stateReadFailed(pr.w, pr.r, err)
 				return
 			}
 		}
-		if untouched != "" {
-			p.m.Untouched.WithLabelValues(string(untouched)).Inc()
+		if pr.untouched != "" {
+			p.m.Untouch(pr.untouched)
 		}
-		out := p.outgoing(in, res)
-		resp, respBody, done, err := p.forwardPut(r, out)
-		sent = append(sent, done)
-		if res != nil && res.Changed {
-			buf := res.Body[:0]
-			sentNow := done
-			defer func() { go func() { <-sentNow; p.putBuf(&buf) }() }()
+		out := p.outgoing(pr.in, res)
+		resp, respBody, err := pr.send(out, res)
+		if errors.Is(err, errRedial) && redials < maxRedials {
+			redials++
+			p.setState(nil, "", "")
+			p.log.Info().Str("event", "redial").Msg("the connection the data plane's state was read on closed before the PUT; nothing was sent, deciding again on a fresh read")
+			continue
 		}
 		if err != nil {
-			p.upstreamFailed(w, r, err, "PUT "+ConfigsPath)
+			p.upstreamFailed(pr.w, pr.r, err, "PUT "+ConfigsPath)
 			return
 		}
 		p.writes.Add(1)
 		if resp.StatusCode == http.StatusBadRequest && bytes.Contains(respBody, []byte(conflictMessage)) {
-			p.dp.state = nil // something wrote in between: never trust the cache again
-			if res != nil && attempt == 0 {
+			p.setState(nil, "", "") // something wrote in between: never trust the cache again
+			if res != nil && !conflictRetried {
+				conflictRetried = true
 				resp.Body.Close()
 				p.m.ConflictRetries.Inc()
 				p.log.Info().Str("event", "conflict_retry").Msg("APISIX rejected a version a concurrent write raised; reading its state again")
@@ -147,16 +204,90 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		p.count(res, out, resp)
-		p.keepAfterPut(resp, res, prepared, creds) // before remember: it reads the state the PUT was decided on
-		p.remember(resp, res)
-		p.respond(w, resp, respBody, res)
+		p.keep.afterPut(resp, res, pr.prepared, pr.creds, &p.dp) // before remember: it reads the state the PUT was decided on
+		p.remember(resp, res, out)
+		p.respond(pr.w, resp, respBody, res)
 		return
 	}
 }
 
+// send forwards one complete PUT. A decided body goes on the connection its state was
+// read on, or not at all (errRedial).
+func (pr *putRequest) send(out outgoingPut, res *rewrite.Result) (*http.Response, []byte, error) {
+	rt, ctx := pr.p.tr.shared, pr.r.Context()
+	if res != nil {
+		rt, ctx = pr.p.tr.decide, noRedial(ctx)
+	}
+	resp, respBody, done, err := pr.p.forwardPut(ctx, rt, pr.r, out)
+	pr.sent = append(pr.sent, done)
+	if res != nil && res.Changed {
+		buf := res.Body[:0]
+		pr.releases = append(pr.releases, func() { pr.p.putBuf(&buf) })
+	}
+	return resp, respBody, err
+}
+
+// decide reads the data plane's state and runs the rewrite; it sets pr.untouched
+// instead when the body goes to APISIX as it came.
+func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
+	p, ctx := pr.p, pr.r.Context()
+	st, err := p.stateFor(ctx, pr.creds, fresh)
+	var refused RefusedError
+	if errors.As(err, &refused) {
+		pr.untouched = metrics.UntouchedRefused // APISIX will refuse the PUT itself, in its own words
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if p.dp.emptyDataPlane(p.noHead.Load()) && p.keep.enabled && p.keep.kept != nil {
+		// §8.4: the client's sync beat the watch to a restarted data plane; the kept
+		// configuration (out-of-band sections too) goes back first, then this sync is
+		// decided against it
+		if p.reseedLocked(ctx, time.Now(), &pr.creds) {
+			st = p.dp.state
+		}
+	}
+	pr.in.State, pr.in.Record = st, p.dp.record
+	buf := p.getBuf()
+	pr.in.Buf = *buf
+	start := time.Now()
+	res, err := p.rw.Decide(pr.prepared, pr.in)
+	if errors.Is(err, rewrite.ErrStateIncomplete) {
+		if st, err = p.stateFor(ctx, pr.creds, true); err != nil {
+			p.putBuf(buf)
+			if errors.As(err, &refused) {
+				pr.untouched = metrics.UntouchedRefused
+				return nil, nil
+			}
+			return nil, err
+		}
+		pr.in.State = st
+		start = time.Now()
+		res, err = p.rw.Decide(pr.prepared, pr.in)
+	}
+	p.m.RewriteDuration.Observe((pr.prepareTime + time.Since(start)).Seconds())
+	if res == nil || !res.Changed {
+		p.putBuf(buf)
+	}
+	var skip *rewrite.SkipError
+	switch {
+	case errors.As(err, &skip):
+		p.log.Info().Str("event", "forward_untouched").Str("reason", skip.Reason).Msg("configs PUT not rewritten; APISIX will judge it")
+		pr.untouched = metrics.UntouchedInvalid
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	if len(res.Changes) > 0 {
+		p.logDecision(res)
+	}
+	return res, nil
+}
+
 // refuse answers a body confshim must not forward (contract §6): 400, nothing forwarded.
 func (p *Proxy) refuse(w http.ResponseWriter, refuse *rewrite.RefuseError) {
-	p.m.Refused.WithLabelValues("unrepairable").Inc()
+	p.m.Refuse(metrics.RefusedUnrepairable)
 	p.log.Info().Str("event", "refused").Str("reason", refuse.Reason).Msg("configs PUT refused; nothing forwarded")
 	p.writeError(w, http.StatusBadRequest, refuse.Reason)
 }
@@ -171,14 +302,28 @@ func waitAll(chans []<-chan struct{}) {
 	}
 }
 
+// waitAllFor is waitAll for at most d; false when some channel is still open.
+func waitAllFor(chans []<-chan struct{}, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for _, c := range chans {
+		select {
+		case <-c:
+		case <-timer.C:
+			return false
+		}
+	}
+	return true
+}
+
 // prepare scans the body without any state: it returns the prepared body, or the
 // reason to forward it untouched, or a *rewrite.RefuseError.
-func (p *Proxy) prepare(r *http.Request, body []byte) (*rewrite.Prepared, untouchedReason, error) {
+func (p *Proxy) prepare(r *http.Request, body []byte) (*rewrite.Prepared, metrics.UntouchedReason, error) {
 	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
 		// APISIX does not decode request bodies either; decoding here would change what
 		// it decides. Forwarded untouched, header and body still match.
 		p.log.Info().Str("event", "forward_untouched").Str("reason", "content-encoding").Msg("configs PUT not rewritten; APISIX will judge it")
-		return nil, untouchedEncoded, nil
+		return nil, metrics.UntouchedEncoded, nil
 	}
 	var prepared *rewrite.Prepared
 	var err error
@@ -190,55 +335,9 @@ func (p *Proxy) prepare(r *http.Request, body []byte) (*rewrite.Prepared, untouc
 	var skip *rewrite.SkipError
 	if errors.As(err, &skip) {
 		p.log.Info().Str("event", "forward_untouched").Str("reason", skip.Reason).Msg("configs PUT not rewritten; APISIX will judge it")
-		return nil, untouchedInvalid, nil
+		return nil, metrics.UntouchedInvalid, nil
 	}
 	return prepared, "", err
-}
-
-// decideUnderLock reads the data plane's state and runs the rewrite. It returns the
-// reason to forward untouched instead when there is one.
-func (p *Proxy) decideUnderLock(r *http.Request, creds credentials, probe *probeResult, prepared *rewrite.Prepared, prepareTime time.Duration, in rewrite.Input, fresh bool) (*rewrite.Result, untouchedReason, error) {
-	st, err := p.stateFor(r.Context(), creds, probe, fresh)
-	var refused RefusedError
-	if errors.As(err, &refused) {
-		return nil, untouchedRefused, nil // APISIX will refuse the PUT itself, in its own words
-	}
-	if err != nil {
-		return nil, "", err
-	}
-	in.State, in.Record = st, p.dp.record
-	buf := p.getBuf()
-	in.Buf = *buf
-	start := time.Now()
-	res, err := p.rw.Decide(prepared, in)
-	if errors.Is(err, rewrite.ErrStateIncomplete) {
-		if st, err = p.stateFor(r.Context(), creds, nil, true); err != nil {
-			p.putBuf(buf)
-			if errors.As(err, &refused) {
-				return nil, untouchedRefused, nil
-			}
-			return nil, "", err
-		}
-		in.State = st
-		start = time.Now()
-		res, err = p.rw.Decide(prepared, in)
-	}
-	p.m.RewriteDuration.Observe((prepareTime + time.Since(start)).Seconds())
-	if res == nil || !res.Changed {
-		p.putBuf(buf)
-	}
-	var skip *rewrite.SkipError
-	switch {
-	case errors.As(err, &skip):
-		p.log.Info().Str("event", "forward_untouched").Str("reason", skip.Reason).Msg("configs PUT not rewritten; APISIX will judge it")
-		return nil, untouchedInvalid, nil
-	case err != nil:
-		return nil, "", err
-	}
-	if len(res.Changes) > 0 {
-		p.logDecision(res)
-	}
-	return res, "", nil
 }
 
 // maxLoggedSections bounds a decision's log line (§5.7): a body may name thousands.
@@ -273,91 +372,107 @@ func (p *Proxy) stateReadFailed(w http.ResponseWriter, r *http.Request, err erro
 	var status StateStatusError
 	var bad BadStateError
 	if errors.As(err, &status) || errors.As(err, &bad) {
-		p.m.UpstreamErrors.WithLabelValues("other").Inc()
+		p.m.UpstreamError(metrics.OtherError)
 		p.writeError(w, http.StatusBadGateway, "cannot read the data plane's state: "+err.Error()+"; nothing was forwarded")
 		return
 	}
 	p.upstreamFailed(w, r, err, "read the data plane's state before the PUT; nothing was forwarded")
 }
 
-// probeResult is APISIX's answer to the caller's credentials, asked before the body
-// is read: HEAD /apisix/admin/configs (≥ 3.14), or the state itself by GET (3.13).
-type probeResult struct {
-	at           time.Time
-	writes       uint64 // Proxy.writes when the probe ran: a probe from before another PUT is stale
-	head         bool
-	digest       string
-	lastModified string
-	state        *rewrite.State // 3.13: the GET's state
-}
-
-// probe asks APISIX whether the caller may read the configuration, with exactly the
-// credentials the PUT carries. A refusal is a RefusedError.
-func (p *Proxy) probe(ctx context.Context, creds credentials) (*probeResult, error) {
-	writes, at := p.writes.Load(), time.Now()
-	if !p.noHead.Load() {
-		head, status, err := p.head(ctx, creds)
+// probe asks APISIX whether the caller's credentials are an admin's, with exactly the
+// credentials the PUT carries, by the cheapest call the data plane offers: an empty
+// POST /configs/validate (3.15+: no decode of the stored configuration), else HEAD
+// /configs (3.14), else the state itself by GET (3.13). It proves that APISIX accepts
+// the credentials for a method other than GET (a viewer key is refused by validate and
+// HEAD alike); only on 3.13's GET does a viewer key pass it, and APISIX then refuses the
+// PUT itself. It does not prove the PUT will be accepted. A refusal is a RefusedError.
+func (p *Proxy) probe(ctx context.Context, creds credentials) error {
+	if p.hasValidate() {
+		status, err := p.validateEmpty(ctx, creds)
 		switch {
 		case err != nil:
-			return nil, err
+			return err
+		case status == http.StatusUnauthorized || status == http.StatusForbidden:
+			return RefusedError{status}
+		case status != http.StatusNotFound:
+			return nil // the state read under the lock decides
+		}
+		p.noValidate.Store(true) // a front that does not route validate: HEAD from now on
+	}
+	if !p.noHead.Load() {
+		head, status, err := p.head(ctx, p.tr.shared, creds)
+		switch {
+		case err != nil:
+			return err
 		case head != nil:
-			head.writes, head.at = writes, at
-			return head, nil
+			return nil
 		case status == http.StatusNotFound:
 			p.noHead.Store(true) // APISIX 3.13: no HEAD on /configs
 			p.log.Info().Str("event", "no_head").Msg("the data plane has no HEAD /apisix/admin/configs (APISIX 3.13): state reads use GET, re-seeding is off")
 		case status != http.StatusMethodNotAllowed:
-			return &probeResult{writes: writes, at: at}, nil // the state read under the lock decides
+			return nil // the state read under the lock decides
 		}
 	}
-	st, digest, lastModified, err := p.readState(ctx, creds)
-	if err != nil {
-		return nil, err
-	}
-	return &probeResult{writes: writes, at: at, state: st, digest: digest, lastModified: lastModified}, nil
+	// a GET on the shared connection: the state under the lock is read again on the
+	// decide connection, which the PUT then takes
+	_, _, _, err := p.readStateOn(ctx, p.tr.shared, creds)
+	return err
 }
 
-// probeFreshness bounds how old a probe may be to serve as the revalidation under the
-// lock: a slow body must not make confshim decide on a state read long before.
-const probeFreshness = time.Second
+// validateEmpty is POST /apisix/admin/configs/validate with body {} and the caller's
+// credentials: APISIX checks the key and validates nothing.
+func (p *Proxy) validateEmpty(ctx context.Context, creds credentials) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.UpstreamTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.upstreamURL(ConfigsPath+"/validate", creds.rawQuery), strings.NewReader("{}"))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	creds.apply(req)
+	resp, err := p.tr.shared.RoundTrip(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	resp.Body.Close()
+	p.sawUpstream()
+	p.noteServer(resp.Header)
+	return resp.StatusCode, nil
+}
 
-// head is HEAD /apisix/admin/configs with the caller's credentials: the metadata when
-// APISIX answers 200, a RefusedError on 401/403, otherwise the status alone.
-func (p *Proxy) head(ctx context.Context, creds credentials) (*probeResult, int, error) {
-	resp, err := p.sideRequest(ctx, http.MethodHead, creds)
+// head is HEAD /apisix/admin/configs with the caller's credentials on rt: the metadata
+// when APISIX answers 200, a RefusedError on 401/403, otherwise the status alone.
+func (p *Proxy) head(ctx context.Context, rt http.RoundTripper, creds credentials) (*headResult, int, error) {
+	resp, err := p.sideRequest(ctx, rt, http.MethodHead, creds)
 	if err != nil {
 		return nil, 0, err
 	}
 	resp.Body.Close()
 	switch resp.StatusCode {
 	case http.StatusOK:
-		return &probeResult{head: true, digest: resp.Header.Get("X-Digest"), lastModified: resp.Header.Get("X-Last-Modified")}, http.StatusOK, nil
+		return &headResult{digest: resp.Header.Get("X-Digest"), lastModified: resp.Header.Get("X-Last-Modified")}, http.StatusOK, nil
 	case http.StatusUnauthorized, http.StatusForbidden:
 		return nil, resp.StatusCode, RefusedError{resp.StatusCode}
 	}
 	return nil, resp.StatusCode, nil
 }
 
-// stateFor returns the data plane's state under the PUT lock: the cached copy when a
-// HEAD (the probe's, if no PUT went through since) shows nobody wrote since it was
-// read, otherwise a GET.
-func (p *Proxy) stateFor(ctx context.Context, creds credentials, probe *probeResult, fresh bool) (*rewrite.State, error) {
-	if probe != nil && (probe.writes != p.writes.Load() || time.Since(probe.at) > probeFreshness) {
-		probe = nil // another PUT went through meanwhile, or the probe is too old
-	}
-	if !fresh && probe != nil && probe.state != nil {
-		p.setState(probe.state, probe.digest, probe.lastModified)
-		return probe.state, nil
-	}
+// headResult is what HEAD /apisix/admin/configs tells: no X-Last-Modified means the
+// data plane holds nothing (nothing stored since it started).
+type headResult struct{ digest, lastModified string }
+
+// stateFor returns the data plane's state under the PUT lock, read on the decide
+// connection: the cached copy when a HEAD shows nobody wrote since it was read,
+// otherwise a GET.
+func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool) (*rewrite.State, error) {
 	if !fresh && p.dp.state != nil && !p.noHead.Load() {
-		if probe == nil || !probe.head {
-			var err error
-			if probe, _, err = p.head(ctx, creds); err != nil {
-				return nil, err
-			}
+		head, _, err := p.head(ctx, p.tr.decide, creds)
+		if err != nil {
+			return nil, err
 		}
 		// anything but a match (a changed state, an odd status): the GET below decides
-		if probe != nil && probe.digest == p.dp.digest && probe.lastModified == p.dp.lastModified {
+		if head != nil && head.digest == p.dp.digest && head.lastModified == p.dp.lastModified {
 			return p.dp.state, nil
 		}
 	}
@@ -373,9 +488,20 @@ func (p *Proxy) setState(st *rewrite.State, digest, lastModified string) {
 	p.dp.state, p.dp.digest, p.dp.lastModified = st, digest, lastModified
 }
 
-// readState is GET /apisix/admin/configs with the caller's credentials.
+// emptyDataPlane: the last look found nothing stored since the data plane started
+// (no X-Last-Modified; APISIX 3.13, which never sends one, excluded).
+func (d *dataPlane) emptyDataPlane(noHead bool) bool {
+	return !noHead && d.state != nil && d.lastModified == ""
+}
+
+// readState is GET /apisix/admin/configs with the caller's credentials, on the decide
+// connection.
 func (p *Proxy) readState(ctx context.Context, creds credentials) (*rewrite.State, string, string, error) {
-	resp, err := p.sideRequest(ctx, http.MethodGet, creds)
+	return p.readStateOn(ctx, p.tr.decide, creds)
+}
+
+func (p *Proxy) readStateOn(ctx context.Context, rt http.RoundTripper, creds credentials) (*rewrite.State, string, string, error) {
+	resp, err := p.sideRequest(ctx, rt, http.MethodGet, creds)
 	if err != nil {
 		return nil, "", "", err
 	}
@@ -417,7 +543,7 @@ func readAllSized(resp *http.Response, limit int64) ([]byte, error) {
 
 // sideRequest is a request confshim makes for a caller, with the caller's credentials
 // exactly as sent, bounded by --upstream-timeout.
-func (p *Proxy) sideRequest(ctx context.Context, method string, creds credentials) (*http.Response, error) {
+func (p *Proxy) sideRequest(ctx context.Context, rt http.RoundTripper, method string, creds credentials) (*http.Response, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.UpstreamTimeout)
 	req, err := http.NewRequestWithContext(ctx, method, p.upstreamURL(ConfigsPath, creds.rawQuery), nil)
 	if err != nil {
@@ -426,12 +552,13 @@ func (p *Proxy) sideRequest(ctx context.Context, method string, creds credential
 	}
 	req.Header.Set("Accept", "application/json")
 	creds.apply(req)
-	resp, err := p.transport.RoundTrip(req)
+	resp, err := rt.RoundTrip(req)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
 	p.sawUpstream()
+	p.noteServer(resp.Header)
 	resp.Body = cancelOnClose{resp.Body, cancel}
 	return resp, nil
 }
@@ -473,9 +600,9 @@ func (p *Proxy) outgoing(in rewrite.Input, res *rewrite.Result) outgoingPut {
 
 // forwardPut sends one complete PUT. For a 400 it also returns the (bounded) body, to
 // recognise a version conflict. done closes when the transport let go of the body.
-func (p *Proxy) forwardPut(r *http.Request, out outgoingPut) (*http.Response, []byte, <-chan struct{}, error) {
+func (p *Proxy) forwardPut(ctx context.Context, rt http.RoundTripper, r *http.Request, out outgoingPut) (*http.Response, []byte, <-chan struct{}, error) {
 	body := newSentBody(out.body)
-	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.UpstreamTimeout)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPut, p.forwardURL(r), body)
 	if err != nil {
 		cancel()
@@ -491,12 +618,13 @@ func (p *Proxy) forwardPut(r *http.Request, out outgoingPut) (*http.Response, []
 		req.Header.Del("X-Digest")
 		req.Header.Set("X-Digest", out.digest)
 	}
-	resp, err := p.transport.RoundTrip(req)
+	resp, err := rt.RoundTrip(req)
 	if err != nil {
 		cancel()
 		return nil, nil, body.done, err
 	}
 	p.sawUpstream()
+	p.noteServer(resp.Header)
 	resp.Body = cancelOnClose{resp.Body, cancel}
 	var head []byte
 	if resp.StatusCode == http.StatusBadRequest {
@@ -552,18 +680,25 @@ func (p *Proxy) count(res *rewrite.Result, out outgoingPut, resp *http.Response)
 	}
 }
 
-// remember updates confshim's record and cached state after APISIX answered.
-func (p *Proxy) remember(resp *http.Response, res *rewrite.Result) {
+// remember updates confshim's record and cached state after APISIX answered. The
+// record says what the data plane is known to hold, never what a 204 merely allowed:
+// APISIX answers 204 to a digest it already holds whatever the body, so only a 204 to
+// the no-op PUT of §8.2 (sent with the data plane's own digest because the body changes
+// nothing) confirms the body's content.
+func (p *Proxy) remember(resp *http.Response, res *rewrite.Result, out outgoingPut) {
 	switch {
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
 		return // nothing was stored: the record still describes the data plane
 	case res == nil:
-		p.dp.record, p.dp.state = nil, nil // an untouched body landed: know nothing
+		p.dp.record = nil // an untouched body landed: know nothing
+		p.setState(nil, "", "")
 	case resp.StatusCode == http.StatusNoContent:
-		p.dp.record = res.Commit(true) // same digest: the data plane already held this
+		if out.noop {
+			p.dp.record = res.Commit(true)
+		}
 	default:
 		p.dp.record = res.Commit(false)
-		p.dp.state = nil
+		p.setState(nil, "", "")
 		if d, lm := resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified"); d != "" && lm != "" {
 			p.setState(res.AppliedState(), d, lm) // the next HEAD confirms nobody wrote since
 		}

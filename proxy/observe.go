@@ -22,7 +22,7 @@ func (s *statusWriter) WriteHeader(code int) {
 	if s.status == 0 {
 		s.status = code
 	}
-	if code == 499 { // client gone: nothing to send
+	if code == statusClientGone { // client gone: nothing to send
 		return
 	}
 	s.ResponseWriter.WriteHeader(code)
@@ -47,21 +47,21 @@ func (p *Proxy) observe(next http.Handler) http.Handler {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
 		next.ServeHTTP(sw, r)
-		route := "passthrough"
+		route := metrics.RoutePassthrough
 		if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.RoutePattern() == ConfigsPath {
-			route = "configs_put"
+			route = metrics.RouteConfigsPut
 		}
 		if sw.status == 0 {
 			sw.status = http.StatusOK
 		}
 		elapsed := time.Since(start)
-		p.m.Requests.WithLabelValues(metrics.MethodLabel(r.Method), route, strconv.Itoa(sw.status)).Inc()
-		p.m.RequestDuration.WithLabelValues(route).Observe(elapsed.Seconds())
+		p.m.Requests.WithLabelValues(metrics.MethodLabel(r.Method), string(route), strconv.Itoa(sw.status)).Inc()
+		p.m.RequestDuration.WithLabelValues(string(route)).Observe(elapsed.Seconds())
 		p.log.Info().
 			Str("event", "access").
 			Str("method", r.Method).
 			Str("path", r.URL.Path).
-			Str("route", route).
+			Str("route", string(route)).
 			Int("status", sw.status).
 			Int64("bytes_in", r.ContentLength).
 			Int64("bytes_out", sw.bytes).

@@ -20,6 +20,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -68,31 +69,31 @@ type Config struct {
 
 // Proxy is the confshim reverse proxy.
 type Proxy struct {
-	cfg       Config
-	upstream  *url.URL
-	transport http.RoundTripper
-	rp        *httputil.ReverseProxy
-	rw        *rewrite.Rewriter
-	log       zerolog.Logger
-	m         *metrics.Metrics
-	handler   http.Handler
+	cfg      Config
+	upstream *url.URL
+	tr       transports
+	rp       *httputil.ReverseProxy
+	rw       *rewrite.Rewriter
+	log      zerolog.Logger
+	m        *metrics.Metrics
+	handler  http.Handler
 
 	// putLock serialises configs PUTs (a channel, so a waiting client that goes away
-	// stops waiting); it guards dp.
+	// stops waiting); it guards dp and keep.
 	putLock chan struct{}
 	dp      dataPlane
+	keep    *keeper // re-seeding (§8.4)
 
-	lastAnswer atomic.Int64                   // unix nanos of the upstream's last HTTP answer
-	bufs       buffers                        // request and rewrite buffers
-	budget     *bodyBudget                    // request bodies buffered at once
-	writes     atomic.Uint64                  // configs PUTs forwarded: a probe from before another is stale
-	noHead     atomic.Bool                    // HEAD /apisix/admin/configs answered 404: APISIX 3.13
-	layout     atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
-
-	// re-seeding (§8.4), guarded by putLock
-	kept        *keptConfig      // the data plane's configuration as of the last accepted write
-	reseedCreds credentials      // the last accepted caller's, when there is no --admin-key
-	stateFile   chan *keptConfig // to the --state-dir writer
+	lastAnswer    atomic.Int64                   // unix nanos of the upstream's last HTTP answer
+	bufs          buffers                        // request and rewrite buffers
+	budget        *bodyBudget                    // request bodies buffered at once
+	writes        atomic.Uint64                  // configs PUTs forwarded: a probe from before another is stale
+	noHead        atomic.Bool                    // HEAD /apisix/admin/configs answered 404: APISIX 3.13
+	noValidate    atomic.Bool                    // POST /configs/validate answered 404 although Server said 3.15+
+	serverMinor   atomic.Int32                   // APISIX 3.<minor> from the Server header; 0 unknown
+	serverVersion atomic.Pointer[string]         // the Server header as last seen
+	layout        atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
+	bg            sync.WaitGroup                 // the watch
 }
 
 // New validates cfg and returns the proxy; every error names the setting at fault.
@@ -147,36 +148,30 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	p := &Proxy{
-		cfg:       cfg,
-		upstream:  u,
-		transport: transport,
-		rw:        rewrite.New(cfg.Preserve),
-		log:       cfg.Logger,
-		m:         cfg.Metrics,
-		putLock:   make(chan struct{}, 1),
-		bufs:      make(buffers, 3), // the PUT being read, the one being rewritten, its output
-		budget:    newBodyBudget(cfg.BodyBudgetBytes),
+		cfg:      cfg,
+		upstream: u,
+		tr:       newTransports(transport),
+		rw:       rewrite.New(cfg.Preserve),
+		log:      cfg.Logger,
+		m:        cfg.Metrics,
+		putLock:  make(chan struct{}, 1),
+		bufs:     make(buffers, 3), // the PUT being read, the one being rewritten, its output
+		budget:   newBodyBudget(cfg.BodyBudgetBytes),
+		keep:     newKeeper(cfg, cfg.Logger),
 	}
 	p.rp = &httputil.ReverseProxy{
-		Rewrite:        func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
-		Transport:      transport,
-		FlushInterval:  -1,
-		ErrorHandler:   p.passthroughError,
-		ModifyResponse: func(*http.Response) error { p.sawUpstream(); return nil },
-		ErrorLog:       StdLogger(cfg.Logger),
+		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
+		Transport:     p.tr.shared,
+		FlushInterval: -1,
+		ErrorHandler:  p.passthroughError,
+		ModifyResponse: func(resp *http.Response) error {
+			p.sawUpstream()
+			p.noteServer(resp.Header)
+			return nil
+		},
+		ErrorLog: StdLogger(cfg.Logger),
 	}
 	p.handler = p.routes()
-	if cfg.ReseedInterval > 0 && cfg.StateDir != "" {
-		p.stateFile = make(chan *keptConfig, 1)
-		k, err := readStateFile(cfg.StateDir)
-		switch {
-		case err != nil:
-			p.log.Warn().Str("event", "state_file").Str("error", err.Error()).Msg("the kept configuration in --state-dir cannot be read; ignored")
-		case k != nil:
-			p.kept = k
-			p.log.Info().Str("event", "state_file").Int("sections", len(k.Versions)).Msg("loaded the kept configuration from --state-dir")
-		}
-	}
 	return p, nil
 }
 
@@ -231,13 +226,13 @@ func (p *Proxy) routes() http.Handler {
 func (p *Proxy) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if len(p.cfg.AllowCIDRs) > 0 && !p.allowed(r.RemoteAddr) {
-			p.m.Refused.WithLabelValues("allow_cidrs").Inc()
+			p.m.Refuse(metrics.RefusedAllowCIDRs)
 			p.log.Warn().Str("event", "refused").Str("remote", r.RemoteAddr).Msg("client outside --allow-cidrs")
 			p.writeError(w, http.StatusForbidden, "this client may not use the Admin API (--allow-cidrs)")
 			return
 		}
 		if r.Header.Get("Upgrade") != "" || headerHasToken(r.Header, "Connection", "upgrade") {
-			p.m.Refused.WithLabelValues("upgrade").Inc()
+			p.m.Refuse(metrics.RefusedUpgrade)
 			p.writeError(w, http.StatusBadRequest, "protocol upgrades are not allowed on the Admin API")
 			return
 		}
@@ -366,12 +361,13 @@ func (p *Proxy) Ready(ctx context.Context) bool {
 	if p.cfg.AdminKey != "" {
 		req.Header.Set("X-API-KEY", p.cfg.AdminKey) // APISIX needs none here; a stricter front may
 	}
-	resp, err := p.transport.RoundTrip(req)
+	resp, err := p.tr.shared.RoundTrip(req)
 	if err != nil {
 		return false
 	}
 	resp.Body.Close()
 	p.sawUpstream()
+	p.noteServer(resp.Header)
 	return true
 }
 
@@ -387,25 +383,28 @@ func (p *Proxy) upstreamURL(reqPath, rawQuery string) string {
 // timeout, 502 otherwise; a client that went away gets nothing and is counted apart.
 func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error, what string) {
 	kind, status := classify(r.Context(), err)
-	if kind == "client_gone" {
+	if kind == clientGone {
 		p.m.ClientDisconnects.Inc()
 		p.log.Debug().Str("path", r.URL.Path).Msg("client went away")
-		w.WriteHeader(499) // never reaches the client; keeps the access log honest
+		w.WriteHeader(statusClientGone) // never reaches the client; keeps the access log honest
 		return
 	}
-	p.m.UpstreamErrors.WithLabelValues(kind).Inc()
-	p.log.Warn().Str("kind", kind).Str("op", what).Str("error", safeError(err)).Msg("upstream request failed")
-	msg := "upstream " + kind + ": " + what
-	if kind == "timeout" {
+	p.m.UpstreamError(kind)
+	p.log.Warn().Str("kind", string(kind)).Str("op", what).Str("error", safeError(err)).Msg("upstream request failed")
+	msg := "upstream " + string(kind) + ": " + what
+	if kind == metrics.Timeout {
 		msg = fmt.Sprintf("upstream did not answer within --upstream-timeout (%s): %s", p.cfg.UpstreamTimeout, what)
 	}
 	p.writeError(w, status, msg)
 }
 
+// clientGone is classify's kind for a client that went away: never an upstream error.
+const clientGone metrics.UpstreamErrorKind = "client_gone"
+
 // classify maps a transport error to a metrics kind and a status.
-func classify(ctx context.Context, err error) (string, int) {
+func classify(ctx context.Context, err error) (metrics.UpstreamErrorKind, int) {
 	if ctx.Err() == context.Canceled || errors.Is(err, context.Canceled) {
-		return "client_gone", 0
+		return clientGone, 0
 	}
 	var netErr net.Error
 	var tlsRecord tls.RecordHeaderError
@@ -416,20 +415,20 @@ func classify(ctx context.Context, err error) (string, int) {
 	var opErr *net.OpError
 	switch {
 	case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()):
-		return "timeout", http.StatusGatewayTimeout
+		return metrics.Timeout, http.StatusGatewayTimeout
 	case errors.As(err, &tlsRecord), errors.As(err, &unknownAuthority), errors.As(err, &hostname),
 		errors.As(err, &invalid), errors.As(err, &verify):
-		return "tls", http.StatusBadGateway
+		return metrics.TLS, http.StatusBadGateway
 	case errors.As(err, &opErr) && opErr.Op == "dial":
-		return "unreachable", http.StatusBadGateway
+		return metrics.Unreachable, http.StatusBadGateway
 	case isReset(err):
-		return "reset", http.StatusBadGateway
+		return metrics.Reset, http.StatusBadGateway
 	}
 	var dnsErr *net.DNSError
 	if errors.As(err, &dnsErr) {
-		return "unreachable", http.StatusBadGateway
+		return metrics.Unreachable, http.StatusBadGateway
 	}
-	return "other", http.StatusBadGateway
+	return metrics.OtherError, http.StatusBadGateway
 }
 
 // isReset: the connection broke after it was made (APISIX restarted, a worker died).

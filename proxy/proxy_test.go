@@ -425,7 +425,7 @@ func TestClientGoneIsNotAnUpstreamError(t *testing.T) {
 		t.Fatalf("client disconnects = %v", got)
 	}
 	for _, kind := range metrics.UpstreamErrorKinds {
-		if got := testutil.ToFloat64(f.m.UpstreamErrors.WithLabelValues(kind)); got != 0 {
+		if got := testutil.ToFloat64(f.m.UpstreamErrors.WithLabelValues(string(kind))); got != 0 {
 			t.Fatalf("upstream errors{%s} = %v", kind, got)
 		}
 	}

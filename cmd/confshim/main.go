@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
@@ -158,6 +159,9 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		logger.Warn().Err(err).Msg("drain did not finish in time; closing")
 		proxySrv.Close()
 	}
+	// the PUTs have finished: the watch stops, the last accepted configuration is written
+	stopBackground()
+	p.Wait()
 	_ = metricsSrv.Shutdown(drainCtx)
 	logger.Info().Msg("stopped")
 	return code
@@ -165,12 +169,12 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 
 // internalHandler serves /metrics, /healthz and /readyz — never the proxied API.
 func internalHandler(reg *prometheus.Registry, p *proxy.Proxy, shuttingDown *atomic.Bool) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	r := chi.NewRouter()
+	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	r.Get("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case shuttingDown.Load():
 			http.Error(w, "shutting down", http.StatusServiceUnavailable)
@@ -180,7 +184,7 @@ func internalHandler(reg *prometheus.Registry, p *proxy.Proxy, shuttingDown *ato
 			_, _ = io.WriteString(w, "ok\n")
 		}
 	})
-	return mux
+	return r
 }
 
 // redacted hides a password in --upstream (http://user:pass@…) from the log.

@@ -66,7 +66,7 @@ var flagSpecs = []flagSpec{
 	{"preserve", strings.Join(rewrite.DefaultPreserve, ","), "comma-separated sections owned by out-of-band writers; APISIX keeps what it holds for them (empty: none)", false},
 	{"max-body-bytes", "67108864", "largest request body accepted; larger ones get 413", false},
 	{"body-budget-bytes", "0", "request bodies buffered at once, all connections together (0: 4 × --max-body-bytes); past it a body waits up to 10s, then gets 503", false},
-	{"upstream-timeout", "60s", "timeout of each upstream request (a repaired PUT makes at most four)", false},
+	{"upstream-timeout", "60s", "timeout of each upstream request (a repaired PUT makes a few: a probe, a state read, the PUT, and after a version conflict or a closed connection another read and PUT)", false},
 	{"shutdown-timeout", "20s", "how long SIGTERM waits for in-flight requests", false},
 	{"admin-key", "", "key for confshim's own background requests (readiness, re-seeding); never used for, added to or replacing the key of a caller's request", false},
 	{"log-level", "info", "debug, info, warn or error", false},
@@ -78,7 +78,7 @@ var flagSpecs = []flagSpec{
 	{"allow-cidrs", "", "comma-separated CIDRs allowed to use the Admin API through confshim, checked against the TCP peer (empty: everyone)", false},
 	{"tls-cert-file", "", "serve HTTPS with this certificate (reloaded when the file changes)", false},
 	{"tls-key-file", "", "key of --tls-cert-file", false},
-	{"reseed-interval", "1s", "how often the data plane is checked for a lost configuration, which is then re-seeded (0: never)", false},
+	{"reseed-interval", "1s", "how often the data plane is pinged (HEAD /apisix/admin, no configuration read) to notice a restart; its configuration is looked at only after a sign of one and once a minute, and re-seeded when lost (0: never)", false},
 	{"state-dir", "", "directory where the kept configuration is also written (mode 0600), so that a restarted confshim re-seeds too (empty: memory only)", false},
 }
 
@@ -202,10 +202,16 @@ func parseOptions(args []string, lookupEnv func(string) (string, bool)) (*option
 	}
 	o.upstreamClientCert, o.upstreamClientKey = get("upstream-client-cert-file"), get("upstream-client-key-file")
 	o.tlsCertFile, o.tlsKeyFile = get("tls-cert-file"), get("tls-key-file")
-	if cidrs, err := proxy.ParseCIDRs(get("allow-cidrs")); err != nil {
-		bad("allow-cidrs", "%v", err)
-	} else {
-		o.allowCIDRs = cidrs
+	// An allow-list never fails open: a value that is not empty but holds no usable
+	// entry (",", " ", a template whose variables were unset) is an error, not "everyone".
+	if v := get("allow-cidrs"); v != "" {
+		if cidrs, err := proxy.ParseCIDRs(v); err != nil {
+			bad("allow-cidrs", "%v", err)
+		} else if len(cidrs) == 0 {
+			bad("allow-cidrs", "%q holds no CIDR or address (leave it empty to allow everyone)", v)
+		} else {
+			o.allowCIDRs = cidrs
+		}
 	}
 	if (o.tlsCertFile == "") != (o.tlsKeyFile == "") {
 		bad("tls-cert-file", "--tls-cert-file and --tls-key-file go together")
