@@ -123,6 +123,8 @@ type stackOptions struct {
 	reseed   time.Duration
 	stateDir string
 	adminKey string
+	// safety is the watch's safety-check interval (0: the default minute)
+	safety time.Duration
 }
 
 func newStack(t testing.TB, o stackOptions) *stack {
@@ -151,15 +153,16 @@ func (s *stack) startProxy(t testing.TB) {
 	t.Helper()
 	s.metrics = metrics.New(prometheus.NewRegistry(), "test")
 	p, err := proxy.New(proxy.Config{
-		Upstream:        s.dpURL,
-		Preserve:        rewrite.DefaultPreserve,
-		MaxBodyBytes:    64 << 20,
-		UpstreamTimeout: s.timeout,
-		AdminKey:        s.opts.adminKey,
-		ReseedInterval:  s.opts.reseed,
-		StateDir:        s.opts.stateDir,
-		Logger:          zerolog.New(s.logs),
-		Metrics:         s.metrics,
+		Upstream:            s.dpURL,
+		Preserve:            rewrite.DefaultPreserve,
+		MaxBodyBytes:        64 << 20,
+		UpstreamTimeout:     s.timeout,
+		AdminKey:            s.opts.adminKey,
+		ReseedInterval:      s.opts.reseed,
+		StateDir:            s.opts.stateDir,
+		WatchSafetyInterval: s.opts.safety,
+		Logger:              zerolog.New(s.logs).Level(zerolog.DebugLevel),
+		Metrics:             s.metrics,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -182,10 +182,13 @@ func (pr *putRequest) forward() {
 		}
 		out := p.outgoing(pr.in, res)
 		resp, respBody, err := pr.send(out, res)
-		if errors.Is(err, errRedial) && redials < maxRedials {
+		if res != nil && redials < maxRedials && (errors.Is(err, errRedial) || pr.connectionBroke(err)) {
+			// The data plane closed the connection its state was read on (a restart, most
+			// likely): whatever happened to this PUT, a fresh read shows it, and the
+			// decision taken on that read is the right one either way.
 			redials++
 			p.setState(nil, "", "")
-			p.log.Info().Str("event", "redial").Msg("the connection the data plane's state was read on closed before the PUT; nothing was sent, deciding again on a fresh read")
+			p.log.Info().Str("event", "redial").Str("error", safeError(err)).Msg("the connection the data plane's state was read on closed; deciding again on a fresh read")
 			continue
 		}
 		if err != nil {
@@ -209,6 +212,16 @@ func (pr *putRequest) forward() {
 		p.respond(pr.w, resp, respBody, res)
 		return
 	}
+}
+
+// connectionBroke: the PUT got no answer because the data plane's connection broke
+// (reset, closed), not because the client left or time ran out.
+func (pr *putRequest) connectionBroke(err error) bool {
+	if err == nil {
+		return false
+	}
+	kind, _ := classify(pr.r.Context(), err)
+	return kind == metrics.Reset
 }
 
 // send forwards one complete PUT. A decided body goes on the connection its state was

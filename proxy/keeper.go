@@ -121,9 +121,16 @@ func (k *keeper) afterPut(resp *http.Response, res *rewrite.Result, prepared *re
 	st := dp.state
 	switch {
 	case resp.StatusCode == http.StatusNoContent:
-		// nothing changed on the data plane; a full read during this PUT is all of it
-		if k.kept == nil && st != nil && st.ItemsKnown && dp.lastModified != "" {
+		// nothing changed on the data plane: the kept configuration is right if it
+		// describes the state the PUT was decided on, else a full read of it is
+		if c := k.kept; c != nil && c.Digest == dp.digest && c.LastModified == dp.lastModified {
+			return
+		}
+		switch {
+		case st != nil && st.ItemsKnown && dp.lastModified != "":
 			k.set(keptFromState(st, dp.digest, dp.lastModified))
+		default:
+			k.forget() // someone else wrote: the watch reads it back
 		}
 		return
 	case res == nil || prepared == nil:

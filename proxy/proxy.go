@@ -52,6 +52,9 @@ type Config struct {
 	// (0: never); StateDir, when set, also keeps the configuration on disk.
 	ReseedInterval time.Duration
 	StateDir       string
+	// WatchSafetyInterval is how often the watch looks at the configuration with
+	// nothing suspicious seen (0: once a minute); tests compress it.
+	WatchSafetyInterval time.Duration
 	// AllowCIDRs, when not empty, is who may talk to the Admin API through confshim,
 	// checked against the TCP peer (never X-Forwarded-For).
 	AllowCIDRs []netip.Prefix
@@ -128,6 +131,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.ReadyWindow <= 0 {
 		cfg.ReadyWindow = 10 * time.Second
+	}
+	if cfg.WatchSafetyInterval <= 0 {
+		cfg.WatchSafetyInterval = safetyCheckInterval
 	}
 	if cfg.BodyBudgetWait <= 0 {
 		cfg.BodyBudgetWait = 10 * time.Second

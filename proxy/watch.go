@@ -146,15 +146,17 @@ func (p *Proxy) watchDataPlane(ctx context.Context) {
 		server, err := p.ping(ctx)
 		if err != nil {
 			suspect = true // unreachable or reset: it may come back empty
+			p.log.Debug().Str("event", "watch").Str("error", safeError(err)).Msg("the data plane did not answer the ping")
 			continue
 		}
 		if p.tr.pingDials.Load() != dials || server != lastServer {
 			suspect = true // a new connection, or another APISIX answering
 		}
 		lastServer = server
-		if !suspect && !p.keep.refreshDue.Load() && time.Since(lastCheck) < safetyCheckInterval {
+		if !suspect && !p.keep.refreshDue.Load() && time.Since(lastCheck) < p.cfg.WatchSafetyInterval {
 			continue
 		}
+		p.log.Debug().Str("event", "watch").Bool("suspect", suspect).Msg("looking at the data plane's configuration")
 		looked, ok := p.checkDataPlane(ctx)
 		if !ok {
 			return

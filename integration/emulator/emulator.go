@@ -69,6 +69,25 @@ type Costs struct {
 	BytesParsed    int // request body bytes decoded
 	NoContent      int // PUTs answered 204 (same digest: nothing validated, stored or reloaded)
 	Accepted       int // PUTs answered 202
+	// Decodes of the stored document, by request kind: APISIX's get_config() decodes the
+	// whole shared-dict document for every GET, HEAD and PUT of /configs (≈ 0.3 s of a
+	// worker at 40,000 routes), never for HEAD /apisix/admin or validate.
+	DecodesGET, DecodesHEAD, DecodesPUT int
+	Validates                           int // POST /configs/validate calls
+	Pings                               int // HEAD /apisix/admin
+}
+
+// Decodes is the stored-document decodes of every kind.
+func (c Costs) Decodes() int { return c.DecodesGET + c.DecodesHEAD + c.DecodesPUT }
+
+// decodeStored decodes the stored document as get_config() does, and counts it; the
+// caller holds e.mu. Nothing stored: nothing to decode.
+func (e *Emulator) decodeStored(count *int) {
+	if e.stored == nil {
+		return
+	}
+	*count++
+	_, _ = decodeCJSON(e.stored)
 }
 
 // New returns an emulator for the given options.
@@ -194,6 +213,9 @@ func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	uri := normalizePath(r.URL.Path)
 	switch {
 	case uri == "/apisix/admin" && r.Method == http.MethodHead:
+		e.mu.Lock()
+		e.costs.Pings++
+		e.mu.Unlock()
 		w.WriteHeader(http.StatusOK)
 	case uri == "/apisix/admin/configs" && r.Method == http.MethodGet:
 		e.withAuth(w, r, e.get)
@@ -305,6 +327,9 @@ func (e *Emulator) setMetaHeaders(w http.ResponseWriter, doc table) {
 func (e *Emulator) get(w http.ResponseWriter, r *http.Request) {
 	e.mu.Lock()
 	stored := e.stored
+	if stored != nil {
+		e.costs.DecodesGET++ // decoded below, outside the lock
+	}
 	e.mu.Unlock()
 	var doc table
 	if stored == nil {
@@ -341,6 +366,7 @@ func (e *Emulator) get(w http.ResponseWriter, r *http.Request) {
 
 func (e *Emulator) head(w http.ResponseWriter, _ *http.Request) {
 	e.mu.Lock()
+	e.decodeStored(&e.costs.DecodesHEAD)
 	doc := e.doc
 	e.mu.Unlock()
 	e.setMetaHeaders(w, doc)
@@ -422,6 +448,7 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.decodeStored(&e.costs.DecodesPUT) // step 5, before the digest is compared
 	if e.minor >= 14 && e.doc != nil {
 		if stored, _ := e.doc["X-Digest"].(string); stored == digest {
 			e.costs.NoContent++
@@ -637,6 +664,9 @@ func fillDefaults(key string, items []any) []any {
 const maxValidateBody = 1572864
 
 func (e *Emulator) validate(w http.ResponseWriter, r *http.Request) {
+	e.mu.Lock()
+	e.costs.Validates++
+	e.mu.Unlock()
 	if e.minor >= 17 {
 		if r.ContentLength > maxValidateBody {
 			writeJSON(w, http.StatusBadRequest, errorMsg(fmt.Sprintf("invalid request body: request size %d is greater than the maximum size %d allowed", r.ContentLength, maxValidateBody)))

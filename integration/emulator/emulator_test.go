@@ -677,3 +677,30 @@ func TestCredentialSpellings(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeCounts: every GET, HEAD and PUT of /configs decodes the stored document
+// (once something is stored); HEAD /apisix/admin and validate never do (spec §11).
+func TestDecodeCounts(t *testing.T) {
+	em := newEm(t, "3.17.0")
+	head := call{method: "HEAD", path: "/apisix/admin/configs"}
+	ping := call{method: "HEAD", path: "/apisix/admin"}
+	validate := call{method: "POST", path: "/apisix/admin/configs/validate", body: "{}"}
+	expect(t, head.do(t, em), 200, "")
+	expect(t, get.do(t, em), 200, "*")
+	if got := em.Costs().Decodes(); got != 0 {
+		t.Fatalf("an empty data plane decoded %d times", got)
+	}
+	expect(t, put(`{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/a"}]}`, "a").do(t, em), 202, "")
+	for _, c := range []call{head, head, get, ping, ping, validate, put(`{"routes_conf_version":1}`, "a")} {
+		c.do(t, em).Body.Close()
+	}
+	got := em.Costs()
+	if got.DecodesHEAD != 2 || got.DecodesGET != 1 || got.DecodesPUT != 1 || got.Pings != 2 || got.Validates != 1 {
+		t.Fatalf("costs %+v: want 2 HEAD, 1 GET, 1 PUT decode (the 204), 2 pings, 1 validate", got)
+	}
+	em.Restart()
+	expect(t, head.do(t, em), 200, "")
+	if em.Costs().DecodesHEAD != 2 {
+		t.Fatal("a restarted, empty data plane has nothing to decode")
+	}
+}

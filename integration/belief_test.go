@@ -1,0 +1,232 @@
+package integration
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Issue 18: what confshim believes about the data plane is true, fresh and cheap. Each
+// test below is one way an earlier confshim acted on a belief that was no longer so.
+
+// TestReusedDigestIsNotProof: APISIX answers 204 to a digest it already holds, whatever
+// the body. An edit re-sent with the old digest is not applied (straight to APISIX
+// neither); the same edit with a fresh digest must then be applied, not settled.
+func TestReusedDigestIsNotProof(t *testing.T) {
+	s := newStack(t, stackOptions{})
+	// the README's operator: a secrets manager straight on the data plane, so that
+	// confshim rewrites (secrets preserved) and the forwarded digest gets its suffix
+	adminPut(t, s.dpURL, `{"secrets_conf_version":1,"secrets":[{"id":"vault/1","uri":"http://vault:8200","prefix":"kv","token":"t"}]}`, "oob")
+	// versions above the data plane's: forwarded as they are, only secrets is rewritten,
+	// so both PUTs below carry the same decisions and the same forwarded digest
+	first := `{"routes_conf_version":5,"routes":[{"id":"r1","uris":["/get"]}],"secrets_conf_version":0}`
+	if status, _ := rawPut(t, s.proxyURL, first, "sync-1"); status != http.StatusAccepted {
+		t.Fatalf("first sync: %d", status)
+	}
+	edit := `{"routes_conf_version":6,"routes":[{"id":"r1","uris":["/edited"]}],"secrets_conf_version":0}`
+	if status, _ := rawPut(t, s.proxyURL, edit, "sync-1"); status != http.StatusNoContent {
+		t.Fatalf("the edit with the old digest: %d, want APISIX's 204", status)
+	}
+	if status, _ := rawPut(t, s.proxyURL, edit, "sync-2"); status != http.StatusAccepted {
+		t.Fatalf("the edit with a fresh digest: %d, want 202", status)
+	}
+	mustContain(t, s.items(t, "routes"), "/edited")
+}
+
+// restartOn wraps the data plane: while armed, the first request matching hit restarts
+// it the way a container does — after answering (between confshim's state read and its
+// PUT), or instead of answering (during the PUT).
+type restartOn struct {
+	armed  atomic.Bool
+	s      *stack
+	t      *testing.T
+	before bool // restart instead of answering
+	hit    func(*http.Request) bool
+	done   chan struct{} // closed when the data plane answers again
+}
+
+func (ro *restartOn) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !ro.hit(r) || !ro.armed.CompareAndSwap(true, false) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if !ro.before {
+			next.ServeHTTP(w, r)
+			http.NewResponseController(w).Flush()
+		}
+		ro.s.restartDataPlane(ro.t, restartDowntime)
+		close(ro.done)
+	})
+}
+
+// TestRestartInsideASync: the data plane restarts empty between confshim's state read
+// and its PUT, or while the PUT is on its way. A thin PUT must never reach the
+// restarted data plane (it would store the unchanged sections empty at their old
+// versions, and every later sync would be answered 204 against the wrong record).
+func TestRestartInsideASync(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		before bool
+		hit    func(*http.Request) bool
+	}{
+		{"between the state read and the PUT", false, func(r *http.Request) bool {
+			return r.Method == http.MethodHead && r.URL.Path == "/apisix/admin/configs"
+		}},
+		{"during the PUT", true, func(r *http.Request) bool { return r.Method == http.MethodPut }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ro := &restartOn{t: t, before: tc.before, hit: tc.hit, done: make(chan struct{})}
+			s := newStack(t, stackOptions{reseed: time.Hour, wrap: ro.wrap}) // the watch stays out of it
+			ro.s = s
+			c := s.client(true)
+			mustLand(t, sync1(t, c, config("v1")))
+			registerSecrets(t, s)
+			mustLand(t, sync1(t, c, config("v1"))) // the kept configuration now has the secrets
+			ro.armed.Store(true)
+			// unchanged: every section would be thin. confshim decides again on a fresh
+			// read; while the port is still closed that read fails and nothing is sent
+			// (502), otherwise the sync lands. Either way no thin PUT reached the
+			// restarted data plane, which the next sync would then find holding empty
+			// sections at the old versions.
+			res := sync1(t, c, config("v1"))
+			if ro.armed.Load() {
+				t.Fatal("the restart never happened")
+			}
+			<-ro.done
+			if res.Status/100 != 2 {
+				mustContain(t, string(res.Body), "nothing was forwarded")
+				mustLand(t, sync1(t, c, config("v1")))
+			}
+			for _, section := range []string{"routes", "services", "upstreams", "consumers"} {
+				if got, want := s.items(t, section), wantItems(config("v1"), section); got != want {
+					t.Fatalf("%s after a restart inside the sync: %s, want %s", section, got, want)
+				}
+			}
+			mustContain(t, s.items(t, "secrets"), "vault/1")
+			mustContain(t, s.logs.String(), `"event":"redial"`)
+			// and the next syncs land on a data plane that holds what the record says
+			mustLand(t, sync1(t, c, config("v2")))
+			if got, want := s.items(t, "routes"), routesOf("v2"); got != want {
+				t.Fatalf("routes %s, want %s", got, want)
+			}
+		})
+	}
+}
+
+// TestFirstSyncAfterRestartRestoresPreserved: the client's first sync after a
+// data-plane restart beats the watch; the out-of-band secrets are restored with it,
+// and kept for the next restart.
+func TestFirstSyncAfterRestartRestoresPreserved(t *testing.T) {
+	s := newStack(t, stackOptions{reseed: time.Hour}) // the watch never looks
+	c := s.client(true)
+	mustLand(t, sync1(t, c, config("v1")))
+	registerSecrets(t, s)
+	mustLand(t, sync1(t, c, config("v2"))) // reads the data plane again: the secrets are kept
+	s.restartDataPlane(t, restartDowntime)
+	mustLand(t, sync1(t, c, config("v3")))
+	mustContain(t, s.items(t, "secrets"), "example-vault-token")
+	if got, want := s.items(t, "routes"), routesOf("v3"); got != want {
+		t.Fatalf("routes %s, want %s", got, want)
+	}
+	s.restartDataPlane(t, restartDowntime)
+	mustLand(t, sync1(t, c, config("v3")))
+	mustContain(t, s.items(t, "secrets"), "example-vault-token")
+}
+
+// TestOldCopyNeverRestoredOverANewerOne: a version number is not content identity.
+// The state file keeps secrets at version 1 with an old token; after restarts of both,
+// the operator registers a new token, again at version 1. The old one must never come
+// back.
+func TestOldCopyNeverRestoredOverANewerOne(t *testing.T) {
+	dir := t.TempDir()
+	s := newStack(t, stackOptions{reseed: time.Hour, stateDir: dir, adminKey: adminKey})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, config("v1")))
+	setToken := func(token string) {
+		s.oobPut(t, func(doc map[string]any) {
+			doc["secrets_conf_version"] = float64(1)
+			doc["secrets"] = []any{map[string]any{"id": "vault/1", "uri": "http://vault:8200", "prefix": "kv", "token": token}}
+		})
+	}
+	setToken("old-token")
+	mustLand(t, sync1(t, c, config("v1")))
+	waitFile(t, filepath.Join(dir, "confshim-state.json"), "old-token")
+
+	s.startProxy(t) // confshim restarts from the file
+	s.restartDataPlane(t, restartDowntime)
+	// the operator's tooling registers the new token on the empty data plane: version 1 again
+	adminPut(t, s.dpURL, `{"secrets_conf_version":1,"secrets":[{"id":"vault/1","uri":"http://vault:8200","prefix":"kv","token":"new-token"}]}`, "oob-new")
+	c = s.client(true)
+	mustLand(t, sync1(t, c, config("v1")))
+	s.restartDataPlane(t, restartDowntime)
+	mustLand(t, sync1(t, c, config("v2"))) // restores the kept configuration first
+	secrets := s.items(t, "secrets")
+	if strings.Contains(secrets, "old-token") || !strings.Contains(secrets, "new-token") {
+		t.Fatalf("secrets after the restarts: %s, want the new token", secrets)
+	}
+}
+
+func waitFile(t *testing.T, file, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if data, _ := os.ReadFile(file); strings.Contains(string(data), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never held %q", file, want)
+		}
+	}
+}
+
+// TestIdleWatchCostsAlmostNoDecodes: at idle the watch pings HEAD /apisix/admin and
+// looks at the configuration (a decode of the stored document on APISIX) only once per
+// safety interval — once a minute in production, 300 ms here, with pings every 10 ms.
+func TestIdleWatchCostsAlmostNoDecodes(t *testing.T) {
+	const tick, safety, idle = 10 * time.Millisecond, 300 * time.Millisecond, 1500 * time.Millisecond
+	s := newStack(t, stackOptions{reseed: tick, safety: safety, adminKey: adminKey})
+	mustLand(t, sync1(t, s.client(true), config("v1")))
+	time.Sleep(3 * tick) // the watch's first look, after the sync
+	before := s.em.Costs()
+	time.Sleep(idle)
+	after := s.em.Costs()
+	decodes, pings := after.Decodes()-before.Decodes(), after.Pings-before.Pings
+	t.Logf("idle %v: %d decodes, %d pings (one decode per %v allowed)", idle, decodes, pings, safety)
+	if max := int(idle/safety) + 1; decodes > max {
+		t.Fatalf("%d decodes in %v of idle, want at most %d (one per safety interval)", decodes, idle, max)
+	}
+	if pings < 20 {
+		t.Fatalf("only %d pings in %v: the watch is not watching", pings, idle)
+	}
+}
+
+// TestSyncCostsOneDecodeMoreThanStraight: per ADC-shaped sync (identical, one route
+// changed), confshim makes APISIX decode its stored document at most once more than
+// the same client straight to APISIX.
+func TestSyncCostsOneDecodeMoreThanStraight(t *testing.T) {
+	for _, change := range []bool{false, true} {
+		var costs [2]int
+		for i, through := range []bool{false, true} {
+			s := newStack(t, stackOptions{reseed: time.Hour})
+			c := s.client(through)
+			mustLand(t, sync1(t, c, config("v1")))
+			mustLand(t, sync1(t, c, config("v1"))) // warm: the state confshim keeps
+			variant := "v1"
+			if change {
+				variant = "v2"
+			}
+			before := s.em.Costs().Decodes()
+			mustLand(t, sync1(t, c, config(variant)))
+			costs[i] = s.em.Costs().Decodes() - before
+		}
+		t.Logf("change %v: straight %d decodes, through confshim %d", change, costs[0], costs[1])
+		if costs[1] > costs[0]+1 {
+			t.Fatalf("change %v: %d decodes through confshim, %d straight: more than one extra", change, costs[1], costs[0])
+		}
+	}
+}
+
