@@ -229,4 +229,3 @@ func TestSyncCostsOneDecodeMoreThanStraight(t *testing.T) {
 		}
 	}
 }
-

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/confshim/confshim/integration/adcclient"
 	"github.com/confshim/confshim/integration/emulator"
 )
 
@@ -319,5 +320,36 @@ func TestMonitoringUsesOnlyMetricsThatExist(t *testing.T) {
 	}
 	if checked < 20 {
 		t.Fatalf("only %d metric references found: the parsing is broken", checked)
+	}
+}
+
+// TestBinaryFlushesStateFileOnSIGTERM: SIGTERM right after an accepted sync; the state
+// file holds that sync when the process has exited (issue 18: it could be one write
+// behind), and the process exits 0.
+func TestBinaryFlushesStateFileOnSIGTERM(t *testing.T) {
+	em, err := emulator.New(emulator.Options{AdminKey: adminKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp := httptest.NewServer(em)
+	t.Cleanup(dp.Close)
+	dir := t.TempDir()
+	b := startBinary(t, dp.URL, "--state-dir", dir, "--admin-key", adminKey)
+	c := adcclient.New(b.url, adminKey)
+	for i := 0; i < 5; i++ {
+		mustLand(t, sync1(t, c, config(fmt.Sprintf("v%d", i))))
+	}
+	if err := b.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGINT: %v\n%s", err, b.logs.String())
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "confshim-state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"/v4"`) {
+		t.Fatalf("the state file does not hold the last accepted sync:\n%.400s", data)
 	}
 }

@@ -263,6 +263,7 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 	h := semHasher{seed: rw.seed}
 	noop := true
 	sections := rw.sections(&p.obj, in.State)
+	aliased := p.obj.aliasedMembers() // YAML: members whose anchors others refer to
 	res.sections = make([]outcome, 0, len(sections))
 	for _, ref := range sections {
 		section, sl := ref.name, ref.slots
@@ -278,7 +279,7 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 			noop = false
 		}
 		// §8.3: a managed section APISIX keeps is sent without its items.
-		if ii := sl.items; ii >= 0 && o.dpKnows && o.recorded && o.applied == o.current && !e.drop[ii] {
+		if ii := sl.items; ii >= 0 && o.dpKnows && o.recorded && o.applied == o.current && !e.drop[ii] && (aliased == nil || !aliased[ii]) {
 			e.drop[ii] = true
 			res.Thinned = append(res.Thinned, section)
 			res.ThinnedBytes += p.obj.members[ii].valueEnd - p.obj.members[ii].valueStart

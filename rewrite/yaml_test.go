@@ -1,9 +1,11 @@
 package rewrite
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -180,4 +182,49 @@ var yamlSeeds = []string{
 	"routes: a # comment: not a key\nsecrets_conf_version: 1\n",
 	"routes: x\n ...\nsecrets_conf_version: 1\n",
 	"routes: [\n  \"a\",\n  'b'\n]\nsecrets_conf_version: 1\n",
+}
+
+// TestYAMLAnchorSectionIsNotThinned: a section whose anchor another section's alias
+// uses keeps its items on the second sync (issue 18: it was refused with 400 on every
+// sync after the first, although nothing needed repair); the rest is still thinned.
+func TestYAMLAnchorSectionIsNotThinned(t *testing.T) {
+	rw := New(DefaultPreserve)
+	body := []byte("routes_conf_version: 2\nroutes:\n  - id: r1\n    uri: /a\n    plugins: &cors\n      cors: {}\n" +
+		"services_conf_version: 2\nservices:\n  - id: s1\n    plugins: *cors\n" +
+		"ssls_conf_version: 2\nssls:\n  - id: t1\n    snis: [a.example.com]\n")
+	decide := func(st *State, rec *Record) *Result {
+		t.Helper()
+		p, err := rw.PrepareYAML(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := rw.Decide(p, Input{Body: body, Digest: "d", HasDigest: true, State: st, Record: rec})
+		if err != nil {
+			t.Fatalf("decide: %v", err)
+		}
+		return res
+	}
+	first := decide(&State{Versions: map[string]float64{"routes": 1, "services": 1, "ssls": 1}}, nil)
+	applied := first.AppliedState()
+	second := decide(applied, first.Commit(false))
+	if !second.Changed || !slices.Contains(second.Thinned, "ssls") {
+		t.Fatalf("an unchanged section without anchors must still be thinned: %v", second.Thinned)
+	}
+	if slices.Contains(second.Thinned, "routes") {
+		t.Fatal("routes holds the anchor services refers to: it must not be thinned")
+	}
+	// services only uses the anchor: thinning it leaves the anchor unused, which is fine
+	if !bytes.Contains(second.Body, []byte("&cors")) || !slices.Contains(second.Thinned, "services") {
+		t.Fatalf("want the anchor kept and services thinned:\n%s", second.Body)
+	}
+	if _, ok := decodeYAMLDoc(second.Body); !ok {
+		t.Fatalf("the forwarded body is not YAML:\n%s", second.Body)
+	}
+	// services changes, routes does not: still no refusal, and the alias finds its anchor
+	body = bytes.Replace(body, []byte("  - id: s1\n"), []byte("  - id: s1\n    desc: changed\n"), 1)
+	body = bytes.Replace(body, []byte("services_conf_version: 2"), []byte("services_conf_version: 3"), 1)
+	third := decide(applied, first.Commit(false))
+	if slices.Contains(third.Thinned, "routes") || !bytes.Contains(third.Body, []byte("*cors")) {
+		t.Fatalf("the alias in a changed section lost its anchor:\n%s", third.Body)
+	}
 }

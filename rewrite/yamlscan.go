@@ -65,6 +65,31 @@ func (o *object) checkAnchors(drop []bool) error {
 	return nil
 }
 
+// aliasedMembers marks the members holding an anchor that an alias in another member
+// refers to: such a member is never thinned (§8.3), since leaving its items out would
+// leave the alias without its anchor, although the body needs no repair.
+func (o *object) aliasedMembers() []bool {
+	if o.yaml == nil || len(o.yaml.aliases) == 0 {
+		return nil
+	}
+	aliased := map[string][]int{} // anchor name → members whose aliases use it
+	for _, a := range o.yaml.aliases {
+		aliased[a.name] = append(aliased[a.name], a.member)
+	}
+	out := make([]bool, len(o.members))
+	for _, a := range o.yaml.anchors {
+		if a.member < 0 {
+			continue
+		}
+		for _, user := range aliased[a.name] {
+			if user != a.member {
+				out[a.member] = true
+			}
+		}
+	}
+	return out
+}
+
 func (o *object) anchorMember(name string) int {
 	for _, a := range o.yaml.anchors {
 		if a.name == name && a.member >= 0 {

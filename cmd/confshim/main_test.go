@@ -53,6 +53,32 @@ func TestBadFlagsAreAllReportedBeforeListening(t *testing.T) {
 	}
 }
 
+// TestAllowCIDRsNeverFailsOpen: a value with no usable entry is an error, never
+// "everyone" (issue 18); only the empty default allows every client.
+func TestAllowCIDRsNeverFailsOpen(t *testing.T) {
+	for _, v := range []string{",", " ", " , ", ",,,"} {
+		_, err := parseOptions([]string{"--allow-cidrs", v}, noEnv)
+		if err == nil || !strings.HasPrefix(err.Error(), "--allow-cidrs:") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("--allow-cidrs %q: %v, want one line naming the flag", v, err)
+		}
+		env := func(k string) (string, bool) { return v, k == "CONFSHIM_ALLOW_CIDRS" }
+		if _, err := parseOptions(nil, env); err == nil {
+			t.Errorf("CONFSHIM_ALLOW_CIDRS=%q was accepted", v)
+		}
+	}
+	var stderr bytes.Buffer
+	if code := run(context.Background(), []string{"--allow-cidrs", ","}, noEnv, io.Discard, &stderr, func(string, string) { t.Fatal("must not listen") }); code == 0 {
+		t.Fatal("--allow-cidrs , must exit non-zero")
+	}
+	o, err := parseOptions([]string{"--allow-cidrs", "10.0.0.0/8, ,127.0.0.1"}, noEnv)
+	if err != nil || len(o.allowCIDRs) != 2 {
+		t.Fatalf("usable entries with blanks between: %v %v", o.allowCIDRs, err)
+	}
+	if o, err := parseOptions(nil, noEnv); err != nil || len(o.allowCIDRs) != 0 {
+		t.Fatalf("the default allows everyone: %v %v", o.allowCIDRs, err)
+	}
+}
+
 func TestEnvironmentOverlay(t *testing.T) {
 	env := map[string]string{"CONFSHIM_PRESERVE": "secrets", "CONFSHIM_MAX_BODY_BYTES": "1234", "CONFSHIM_UPSTREAM_TIMEOUT": "3s", "CONFSHIM_UPSTREAM_INSECURE_SKIP_VERIFY": "true"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
