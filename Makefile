@@ -8,7 +8,7 @@ FUZZTIME  ?= 60s
 STATICCHECK_VERSION ?= v0.8.2
 PROMTOOL  ?= promtool
 
-.PHONY: all build test run bench load lint monitoring fuzz integration docker clean
+.PHONY: all build test run bench load soak lint monitoring fuzz integration docker clean
 
 all: lint test build
 
@@ -38,6 +38,12 @@ bench:
 # 8 ADC-like clients on loopback for LOAD_DURATION (default 30s) per target.
 load:
 	$(GO) test -tags load -count=1 -run TestLoad -v ./integration/ | grep -E '^load|^(ok|FAIL|---)'
+
+# The binary against the emulator through SOAK_DURATION (default 2m) of seeded events:
+# changes, out-of-band secrets, leader changes, data-plane restarts at every point of a
+# sync, confshim restarts with and without --state-dir. SOAK_SEED=<seed> replays a run.
+soak:
+	$(GO) test -tags soak -count=1 -run TestSoak -v -timeout 30m ./integration/ | grep -E '^(=== RUN|---|ok|FAIL|\s+soak_test)'
 
 # gofmt, go vet, staticcheck (pinned; go run fetches it from the module proxy on a fresh
 # machine) and go.mod/go.sum as go mod tidy would leave them.

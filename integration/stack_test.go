@@ -151,6 +151,9 @@ func newStack(t testing.TB, o stackOptions) *stack {
 // startProxy starts (or, called again, restarts) confshim in front of the data plane.
 func (s *stack) startProxy(t testing.TB) {
 	t.Helper()
+	if s.stopProxy != nil {
+		s.stopProxy() // the old process is gone, its state file written, before the new one reads it
+	}
 	s.metrics = metrics.New(prometheus.NewRegistry(), "test")
 	p, err := proxy.New(proxy.Config{
 		Upstream:            s.dpURL,
@@ -170,10 +173,8 @@ func (s *stack) startProxy(t testing.TB) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p.StartBackground(ctx)
 	pSrv := httptest.NewServer(p)
-	if s.stopProxy != nil {
-		s.stopProxy()
-	}
-	s.stopProxy = func() { cancel(); pSrv.Close() }
+	var once sync.Once
+	s.stopProxy = func() { once.Do(func() { pSrv.Close(); cancel(); p.Wait() }) }
 	t.Cleanup(s.stopProxy)
 	s.proxyURL = pSrv.URL
 }
