@@ -63,6 +63,13 @@ type putRequest struct {
 
 	releases []func()          // buffers and budget to give back
 	sent     []<-chan struct{} // the transport may read our buffers until these close
+
+	// for /debug/config
+	start            time.Time
+	res              *rewrite.Result
+	forwardedDigest  string
+	bytesOut         int
+	answeredByAPISIX bool
 }
 
 // maxRedials bounds how often one PUT is decided again because the connection its
@@ -74,7 +81,9 @@ const maxRedials = 2
 // complete PUT, retry once on a version conflict, answer with APISIX's response plus
 // X-Confshim-Actions.
 func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
-	pr := &putRequest{p: p, w: w, r: r, creds: credentialsOf(r)}
+	cw := &capturingWriter{ResponseWriter: w}
+	pr := &putRequest{p: p, w: cw, r: r, creds: credentialsOf(r), start: time.Now()}
+	defer pr.record(cw) // after the lock is given back
 	if !pr.authorize() || !pr.readBody() {
 		return
 	}
@@ -85,6 +94,42 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 	defer p.unlockPut()
 	pr.forward()
 }
+
+// record files the PUT for /debug/config.
+func (pr *putRequest) record(cw *capturingWriter) {
+	by := "confshim"
+	if pr.answeredByAPISIX {
+		by = "apisix"
+	}
+	pr.p.recordSync(syncRecord{start: pr.start, status: cw.status, by: by, errorMsg: cw.head, in: &pr.in,
+		prepared: pr.prepared, res: pr.res, forwarded: pr.forwardedDigest, bytesOut: pr.bytesOut})
+}
+
+// capturingWriter keeps the status and the start of an error answer, for /debug/config.
+type capturingWriter struct {
+	http.ResponseWriter
+	status int
+	head   []byte
+}
+
+func (c *capturingWriter) WriteHeader(code int) {
+	if c.status == 0 {
+		c.status = code
+	}
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *capturingWriter) Write(b []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	if c.status >= 400 && len(c.head) < 1024 {
+		c.head = append(c.head, b[:min(len(b), 1024-len(c.head))]...)
+	}
+	return c.ResponseWriter.Write(b)
+}
+
+func (c *capturingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
 // authorize asks APISIX, with the caller's credentials, whether it may use the
 // configuration; a caller APISIX refuses costs no more than a plain proxy would (§5.7).
@@ -205,6 +250,11 @@ func (pr *putRequest) forward() {
 				p.log.Info().Str("event", "conflict_retry").Msg("APISIX rejected a version a concurrent write raised; reading its state again")
 				continue
 			}
+		}
+		pr.res, pr.bytesOut, pr.answeredByAPISIX = res, len(out.body), true
+		pr.forwardedDigest = pr.in.Digest
+		if out.setDigest {
+			pr.forwardedDigest = out.digest
 		}
 		p.count(res, out, resp)
 		p.keep.afterPut(resp, res, pr.prepared, pr.creds, &p.dp) // before remember: it reads the state the PUT was decided on
@@ -449,8 +499,7 @@ func (p *Proxy) validateEmpty(ctx context.Context, creds credentials) (int, erro
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 	resp.Body.Close()
-	p.sawUpstream()
-	p.noteServer(resp.Header)
+	p.noteAnswer(resp)
 	return resp.StatusCode, nil
 }
 
@@ -499,6 +548,9 @@ func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool) (*r
 
 func (p *Proxy) setState(st *rewrite.State, digest, lastModified string) {
 	p.dp.state, p.dp.digest, p.dp.lastModified = st, digest, lastModified
+	if st != nil {
+		p.debug.setDataPlane(digest, lastModified)
+	}
 }
 
 // emptyDataPlane: the last look found nothing stored since the data plane started
@@ -570,8 +622,7 @@ func (p *Proxy) sideRequest(ctx context.Context, rt http.RoundTripper, method st
 		cancel()
 		return nil, err
 	}
-	p.sawUpstream()
-	p.noteServer(resp.Header)
+	p.noteAnswer(resp)
 	resp.Body = cancelOnClose{resp.Body, cancel}
 	return resp, nil
 }
@@ -636,8 +687,7 @@ func (p *Proxy) forwardPut(ctx context.Context, rt http.RoundTripper, r *http.Re
 		cancel()
 		return nil, nil, body.done, err
 	}
-	p.sawUpstream()
-	p.noteServer(resp.Header)
+	p.noteAnswer(resp)
 	resp.Body = cancelOnClose{resp.Body, cancel}
 	var head []byte
 	if resp.StatusCode == http.StatusBadRequest {

@@ -57,11 +57,13 @@ type keeper struct {
 	maxFileBytes int64
 	file         chan *keptConfig // to the writer; nil without --state-dir
 	stopped      chan struct{}    // closed when the writer flushed and returned
+	started      bool
 	log          zerolog.Logger
+	debug        *debugLog
 }
 
-func newKeeper(cfg Config, log zerolog.Logger) *keeper {
-	k := &keeper{enabled: cfg.ReseedInterval > 0, adminKey: cfg.AdminKey, log: log,
+func newKeeper(cfg Config, log zerolog.Logger, debug *debugLog) *keeper {
+	k := &keeper{enabled: cfg.ReseedInterval > 0, adminKey: cfg.AdminKey, log: log, debug: debug,
 		// the kept configuration is at most the data plane's state, which confshim reads
 		// up to 4 × --max-body-bytes
 		maxFileBytes: 4*cfg.MaxBodyBytes + 1<<20}
@@ -75,6 +77,7 @@ func newKeeper(cfg Config, log zerolog.Logger) *keeper {
 		log.Warn().Str("event", "state_file").Str("error", err.Error()).Msg("the kept configuration in --state-dir cannot be read; ignored")
 	case loaded != nil:
 		k.kept = loaded
+		debug.setKept(loaded)
 		log.Info().Str("event", "state_file").Int("sections", len(loaded.Versions)).Msg("loaded the kept configuration from --state-dir")
 	}
 	return k
@@ -91,6 +94,7 @@ func (k *keeper) credentials() (credentials, bool) {
 // set replaces the kept configuration and hands it to the state-file writer.
 func (k *keeper) set(next *keptConfig) {
 	k.kept = next
+	k.debug.setKept(next)
 	if next == nil || k.file == nil {
 		return
 	}
@@ -108,6 +112,7 @@ func (k *keeper) set(next *keptConfig) {
 // forget drops the kept configuration and asks the watch to read it back.
 func (k *keeper) forget() {
 	k.kept = nil
+	k.debug.setKept(nil)
 	k.refreshDue.Store(true)
 }
 
@@ -230,9 +235,11 @@ const stateFileName = "confshim-state.json"
 func (k *keeper) runWriter(ctx context.Context) {
 	defer close(k.stopped)
 	write := func(c *keptConfig) {
-		if err := writeStateFile(k.dir, c); err != nil {
+		err := writeStateFile(k.dir, c)
+		if err != nil {
 			k.log.Warn().Str("event", "state_file").Str("error", err.Error()).Msg("cannot write the kept configuration to --state-dir")
 		}
+		k.debug.noteStateWrite(err)
 	}
 	for {
 		select {
@@ -251,7 +258,7 @@ func (k *keeper) runWriter(ctx context.Context) {
 
 // wait returns when the state-file writer has flushed and stopped (at once without one).
 func (k *keeper) wait() {
-	if k.stopped != nil {
+	if k.started {
 		<-k.stopped
 	}
 }

@@ -55,7 +55,7 @@ func TestHostileStateFiles(t *testing.T) {
 			var logs strings.Builder
 			done := make(chan *keeper, 1)
 			go func() {
-				done <- newKeeper(Config{ReseedInterval: time.Second, StateDir: dir, MaxBodyBytes: 1 << 20}, zerolog.New(&logs))
+				done <- newKeeper(Config{ReseedInterval: time.Second, StateDir: dir, MaxBodyBytes: 1 << 20}, zerolog.New(&logs), &debugLog{})
 			}()
 			var k *keeper
 			select {
@@ -94,8 +94,9 @@ func write(content string) func(t *testing.T, path string) {
 // configuration is handed to it; when the background stops, that one is on disk.
 func TestStateFileFlushedOnShutdown(t *testing.T) {
 	dir := t.TempDir()
-	k := newKeeper(Config{ReseedInterval: time.Second, StateDir: dir, MaxBodyBytes: 1 << 20}, zerolog.Nop())
+	k := newKeeper(Config{ReseedInterval: time.Second, StateDir: dir, MaxBodyBytes: 1 << 20}, zerolog.Nop(), &debugLog{})
 	ctx, cancel := context.WithCancel(context.Background())
+	k.started = true
 	go k.runWriter(ctx)
 	for i := 1; i <= 50; i++ {
 		k.set(&keptConfig{Digest: "d", LastModified: "1", Versions: map[string]float64{"routes": float64(i)}})

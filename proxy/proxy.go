@@ -97,6 +97,7 @@ type Proxy struct {
 	serverVersion atomic.Pointer[string]         // the Server header as last seen
 	layout        atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
 	bg            sync.WaitGroup                 // the watch
+	debug         *debugLog                      // what /debug/config shows
 }
 
 // New validates cfg and returns the proxy; every error names the setting at fault.
@@ -163,16 +164,16 @@ func New(cfg Config) (*Proxy, error) {
 		putLock:  make(chan struct{}, 1),
 		bufs:     make(buffers, 3), // the PUT being read, the one being rewritten, its output
 		budget:   newBodyBudget(cfg.BodyBudgetBytes),
-		keep:     newKeeper(cfg, cfg.Logger),
 	}
+	p.debug = &debugLog{}
+	p.keep = newKeeper(cfg, cfg.Logger, p.debug)
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
 		Transport:     p.tr.shared,
 		FlushInterval: -1,
 		ErrorHandler:  p.passthroughError,
 		ModifyResponse: func(resp *http.Response) error {
-			p.sawUpstream()
-			p.noteServer(resp.Header)
+			p.noteAnswer(resp)
 			return nil
 		},
 		ErrorLog: StdLogger(cfg.Logger),
@@ -372,8 +373,7 @@ func (p *Proxy) Ready(ctx context.Context) bool {
 		return false
 	}
 	resp.Body.Close()
-	p.sawUpstream()
-	p.noteServer(resp.Header)
+	p.noteAnswer(resp)
 	return true
 }
 

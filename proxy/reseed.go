@@ -123,22 +123,24 @@ func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *
 	p.setState(nil, "", "")
 	if err != nil {
 		p.m.Reseed(metrics.ReseedFailed)
+		p.noteReseed(string(metrics.ReseedFailed), 0, time.Since(foundEmpty))
 		p.log.Warn().Str("event", "reseed").Str("result", "failed").Str("error", safeError(err)).Msg("re-seeding the data plane failed; retrying at the next check")
 		p.keep.refreshDue.Store(true) // look again at the next tick
 		return false
 	}
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 	resp.Body.Close()
-	p.sawUpstream()
-	p.noteServer(resp.Header)
+	p.noteAnswer(resp)
 	took := time.Since(foundEmpty)
 	if resp.StatusCode != http.StatusAccepted {
 		p.m.Reseed(metrics.ReseedFailed)
+		p.noteReseed(string(metrics.ReseedFailed), resp.StatusCode, took)
 		p.log.Warn().Str("event", "reseed").Str("result", "failed").Int("status", resp.StatusCode).Str("answer", clipAnswer(msg)).Msg("the data plane refused the kept configuration")
 		return false
 	}
 	p.m.Reseed(metrics.ReseedRestored)
 	p.m.ReseedDuration.Observe(took.Seconds())
+	p.noteReseed(string(metrics.ReseedRestored), resp.StatusCode, took)
 	versions := zerolog.Dict()
 	for i, s := range sortedKeys(k.Versions) {
 		if i == maxLoggedSections {
@@ -182,6 +184,7 @@ func (p *Proxy) StartBackground(ctx context.Context) {
 		return
 	}
 	if p.keep.file != nil {
+		p.keep.started = true
 		go p.keep.runWriter(ctx)
 	}
 	p.bg.Add(1)

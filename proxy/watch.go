@@ -122,8 +122,7 @@ func (p *Proxy) ping(ctx context.Context) (string, error) {
 		return "", err
 	}
 	resp.Body.Close()
-	p.sawUpstream()
-	p.noteServer(resp.Header)
+	p.noteAnswer(resp)
 	return resp.Header.Get("Server"), nil
 }
 

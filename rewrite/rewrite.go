@@ -606,3 +606,22 @@ func (p *Prepared) JSONItems(section string) ([]byte, bool) {
 	m := p.obj.members[sl.items]
 	return p.body[m.valueStart:m.valueEnd], true
 }
+
+// Sections names the sections the body carries (a version or items), sorted, at most
+// limit of them, each clipped: for reports, never for decisions.
+func (p *Prepared) Sections(limit int) []string {
+	out := make([]string, 0, min(len(p.obj.idx), limit))
+	for s, sl := range p.obj.idx {
+		if sl.version >= 0 || (sl.items >= 0 && (slices.Contains(KnownSections, s))) {
+			out = append(out, s)
+		}
+	}
+	slices.Sort(out)
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	for i := range out {
+		out[i] = clip(out[i])
+	}
+	return out
+}

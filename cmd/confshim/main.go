@@ -167,7 +167,8 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	return code
 }
 
-// internalHandler serves /metrics, /healthz and /readyz — never the proxied API.
+// internalHandler serves /metrics, /healthz, /readyz and /debug/config — never the
+// proxied API.
 func internalHandler(reg *prometheus.Registry, p *proxy.Proxy, shuttingDown *atomic.Bool) http.Handler {
 	r := chi.NewRouter()
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -184,6 +185,7 @@ func internalHandler(reg *prometheus.Registry, p *proxy.Proxy, shuttingDown *ato
 			_, _ = io.WriteString(w, "ok\n")
 		}
 	})
+	r.Method(http.MethodGet, "/debug/config", p.DebugHandler())
 	return r
 }
 

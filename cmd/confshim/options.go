@@ -62,7 +62,7 @@ type flagSpec struct {
 var flagSpecs = []flagSpec{
 	{"listen", ":9280", "address clients (ADC) connect to", false},
 	{"upstream", "http://127.0.0.1:9180", "APISIX Admin API base URL (http or https)", false},
-	{"metrics-listen", ":9281", "address serving /metrics, /healthz and /readyz (never the proxied API)", false},
+	{"metrics-listen", ":9281", "address serving /metrics, /healthz, /readyz and /debug/config (never the proxied API)", false},
 	{"preserve", strings.Join(rewrite.DefaultPreserve, ","), "comma-separated sections owned by out-of-band writers; APISIX keeps what it holds for them (empty: none)", false},
 	{"max-body-bytes", "67108864", "largest request body accepted; larger ones get 413", false},
 	{"body-budget-bytes", "0", "request bodies buffered at once, all connections together (0: 4 × --max-body-bytes); past it a body waits up to 10s, then gets 503", false},

@@ -1,0 +1,395 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/confshim/confshim/rewrite"
+)
+
+// /debug/config (contract §7) shows an operator why a sync did what it did. It holds
+// names, ids, numbers, digests, times and APISIX's messages — never item content, so
+// never a secret. Its size grows only with the sections and a ring of recent syncs.
+// The PUT path records into it under a lock of its own, by copying small structs, so
+// reading it never waits for a PUT in flight.
+
+// maxDebugString bounds a digest or a message from a client or APISIX in the document.
+const (
+	maxDebugDigest  = 128
+	maxDebugMessage = 256
+	recentSyncs     = 32
+)
+
+// DebugConfig is the document; field names are stable (operators script against them).
+type DebugConfig struct {
+	GeneratedAt  time.Time       `json:"generated_at"`
+	DataPlane    DebugDataPlane  `json:"data_plane"`
+	LastAccepted *DebugSync      `json:"last_accepted"`
+	LastRejected *DebugRejected  `json:"last_rejected"`
+	Kept         *DebugKept      `json:"kept"`
+	RecentSyncs  []DebugSyncLine `json:"recent_syncs"`
+}
+
+// DebugDataPlane is what confshim knows of APISIX.
+type DebugDataPlane struct {
+	URL          string     `json:"url"`
+	Server       string     `json:"server,omitempty"`
+	Digest       string     `json:"digest,omitempty"`
+	LastModified string     `json:"last_modified,omitempty"`
+	LastStatus   int        `json:"last_status,omitempty"`
+	LastAnswerAt *time.Time `json:"last_answer_at,omitempty"`
+}
+
+// DebugSync is the last sync APISIX accepted through confshim.
+type DebugSync struct {
+	At              time.Time      `json:"at"`
+	Status          int            `json:"status"`
+	ClientDigest    string         `json:"client_digest,omitempty"`
+	ForwardedDigest string         `json:"forwarded_digest,omitempty"`
+	DurationMS      float64        `json:"duration_ms"`
+	BytesIn         int            `json:"bytes_in"`
+	BytesOut        int            `json:"bytes_out"`
+	ThinnedBytes    int            `json:"thinned_bytes"`
+	Sections        []DebugSection `json:"sections"`
+}
+
+// DebugSection is one section as a sync left it.
+type DebugSection struct {
+	Section string  `json:"section"`
+	Version float64 `json:"version"`
+	// Items is how many items the data plane holds for it, when confshim knows.
+	Items *int `json:"items,omitempty"`
+	// Action is the header word (raised, bumped, preserved, settled), empty when the
+	// section went as the client sent it.
+	Action  string `json:"action,omitempty"`
+	Thinned bool   `json:"thinned,omitempty"`
+}
+
+// DebugRejected is the last sync that did not land.
+type DebugRejected struct {
+	At time.Time `json:"at"`
+	// By is "apisix" when APISIX answered it, "confshim" when confshim refused it.
+	By       string   `json:"by"`
+	Status   int      `json:"status"`
+	ErrorMsg string   `json:"error_msg"`
+	Sections []string `json:"sections"`
+}
+
+// DebugKept is the configuration kept for re-seeding (§8.4).
+type DebugKept struct {
+	Digest       string          `json:"digest,omitempty"`
+	LastModified string          `json:"last_modified,omitempty"`
+	Bytes        int             `json:"bytes"`
+	Sections     []DebugKeptItem `json:"sections"`
+	StateFile    *DebugStateFile `json:"state_file,omitempty"`
+	LastReseed   *DebugReseed    `json:"last_reseed,omitempty"`
+}
+
+// DebugKeptItem is one kept section.
+type DebugKeptItem struct {
+	Section string  `json:"section"`
+	Version float64 `json:"version"`
+	Items   int     `json:"items"`
+	Bytes   int     `json:"bytes"`
+}
+
+// DebugStateFile is --state-dir's file.
+type DebugStateFile struct {
+	Path      string     `json:"path"`
+	LastWrite *time.Time `json:"last_write,omitempty"`
+	LastError string     `json:"last_error,omitempty"`
+}
+
+// DebugReseed is the last re-seed.
+type DebugReseed struct {
+	At         time.Time `json:"at"`
+	Result     string    `json:"result"`
+	Status     int       `json:"status,omitempty"`
+	DurationMS float64   `json:"duration_ms"`
+}
+
+// DebugSyncLine is one entry of the ring of recent syncs.
+type DebugSyncLine struct {
+	At         time.Time `json:"at"`
+	Status     int       `json:"status"`
+	Actions    []string  `json:"actions,omitempty"`
+	DurationMS float64   `json:"duration_ms"`
+	BytesIn    int       `json:"bytes_in"`
+	BytesOut   int       `json:"bytes_out"`
+}
+
+// debugLog is what /debug/config is built from; its own lock, never the PUT lock.
+type debugLog struct {
+	mu           sync.Mutex
+	lastAccepted *DebugSync
+	lastRejected *DebugRejected
+	ring         [recentSyncs]DebugSyncLine
+	ringLen      int
+	ringNext     int
+	kept         *keptConfig
+	stateFile    DebugStateFile
+	lastReseed   *DebugReseed
+	lastStatus   int
+	digest       string
+	lastModified string
+}
+
+func clipString(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// noteAnswer records an HTTP answer from APISIX: readiness, its version, its status.
+func (p *Proxy) noteAnswer(resp *http.Response) {
+	p.sawUpstream()
+	p.noteServer(resp.Header)
+	p.debug.mu.Lock()
+	p.debug.lastStatus = resp.StatusCode
+	p.debug.mu.Unlock()
+}
+
+// syncRecord is one configs PUT as it ended, for /debug/config.
+type syncRecord struct {
+	start     time.Time
+	status    int
+	by        string // "apisix" or "confshim"
+	errorMsg  []byte
+	in        *rewrite.Input
+	prepared  *rewrite.Prepared
+	res       *rewrite.Result
+	forwarded string
+	bytesOut  int
+}
+
+// recordSync files one configs PUT. It runs once per PUT, copying small values only.
+func (p *Proxy) recordSync(r syncRecord) {
+	now := time.Now()
+	line := DebugSyncLine{At: now, Status: r.status, DurationMS: ms(now.Sub(r.start)), BytesOut: r.bytesOut}
+	if r.in != nil {
+		line.BytesIn = len(r.in.Body)
+	}
+	if r.res != nil {
+		for i, c := range r.res.Changes {
+			if i == maxLoggedSections {
+				break
+			}
+			line.Actions = append(line.Actions, rewrite.Clip(c.Section)+"="+string(c.Action))
+		}
+	}
+	var accepted *DebugSync
+	var rejected *DebugRejected
+	switch {
+	case r.status/100 == 2:
+		accepted = &DebugSync{At: now, Status: r.status, DurationMS: line.DurationMS, BytesIn: line.BytesIn, BytesOut: r.bytesOut,
+			ForwardedDigest: clipString(r.forwarded, maxDebugDigest)}
+		if r.in != nil {
+			accepted.ClientDigest = clipString(r.in.Digest, maxDebugDigest)
+		}
+		if r.res != nil {
+			accepted.ThinnedBytes = r.res.ThinnedBytes
+			accepted.Sections = debugSections(r.res)
+		}
+	case r.status != statusClientGone:
+		rejected = &DebugRejected{At: now, By: r.by, Status: r.status, ErrorMsg: errorMessage(r.errorMsg)}
+		if r.prepared != nil {
+			rejected.Sections = r.prepared.Sections(maxLoggedSections)
+		}
+	}
+	p.debug.mu.Lock()
+	defer p.debug.mu.Unlock()
+	if accepted != nil {
+		p.debug.lastAccepted = accepted
+	}
+	if rejected != nil {
+		p.debug.lastRejected = rejected
+	}
+	p.debug.ring[p.debug.ringNext] = line
+	p.debug.ringNext = (p.debug.ringNext + 1) % recentSyncs
+	p.debug.ringLen = min(p.debug.ringLen+1, recentSyncs)
+}
+
+// setDataPlane records the digest and X-Last-Modified of the data plane's last known state.
+func (d *debugLog) setDataPlane(digest, lastModified string) {
+	d.mu.Lock()
+	d.digest, d.lastModified = digest, lastModified
+	d.mu.Unlock()
+}
+
+func debugSections(res *rewrite.Result) []DebugSection {
+	words := map[string]string{}
+	for _, c := range res.Changes {
+		words[c.Section] = string(c.Action)
+	}
+	out := []DebugSection{}
+	for _, o := range res.Outcomes() {
+		if len(out) == 256 {
+			break
+		}
+		out = append(out, DebugSection{Section: rewrite.Clip(o.Section), Version: o.Version, Action: words[o.Section],
+			Thinned: slices.Contains(res.Thinned, o.Section)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Section < out[j].Section })
+	return out
+}
+
+// errorMessage is APISIX's error_msg (or the whole answer when it is not that JSON),
+// cut at 256 bytes.
+func errorMessage(body []byte) string {
+	var e struct {
+		ErrorMsg string `json:"error_msg"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.ErrorMsg != "" {
+		return clipString(e.ErrorMsg, maxDebugMessage)
+	}
+	return clipString(string(body), maxDebugMessage)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// setKept, noteStateWrite and noteReseed keep the re-seeding part of the document.
+func (d *debugLog) setKept(k *keptConfig) {
+	d.mu.Lock()
+	d.kept = k
+	d.mu.Unlock()
+}
+
+func (d *debugLog) noteStateWrite(err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		d.stateFile.LastError = clipString(err.Error(), maxDebugMessage)
+		return
+	}
+	now := time.Now()
+	d.stateFile.LastWrite, d.stateFile.LastError = &now, ""
+}
+
+func (p *Proxy) noteReseed(result string, status int, took time.Duration) {
+	p.debug.mu.Lock()
+	p.debug.lastReseed = &DebugReseed{At: time.Now(), Result: result, Status: status, DurationMS: ms(took)}
+	p.debug.mu.Unlock()
+}
+
+// DebugConfig builds the document.
+func (p *Proxy) DebugConfig() *DebugConfig {
+	p.debug.mu.Lock()
+	doc := &DebugConfig{
+		GeneratedAt: time.Now(),
+		DataPlane: DebugDataPlane{URL: credentialFreeURL(p.upstream), Digest: clipString(p.debug.digest, maxDebugDigest),
+			LastModified: clipString(p.debug.lastModified, maxDebugDigest), LastStatus: p.debug.lastStatus},
+		LastAccepted: p.debug.lastAccepted,
+		LastRejected: p.debug.lastRejected,
+		RecentSyncs:  make([]DebugSyncLine, 0, p.debug.ringLen),
+	}
+	for i := 0; i < p.debug.ringLen; i++ {
+		doc.RecentSyncs = append(doc.RecentSyncs, p.debug.ring[(p.debug.ringNext-p.debug.ringLen+i+recentSyncs)%recentSyncs])
+	}
+	kept, stateFile, reseed := p.debug.kept, p.debug.stateFile, p.debug.lastReseed
+	p.debug.mu.Unlock()
+
+	if s := p.serverVersion.Load(); s != nil {
+		doc.DataPlane.Server = *s
+	}
+	if at := p.lastAnswer.Load(); at != 0 {
+		t := time.Unix(0, at)
+		doc.DataPlane.LastAnswerAt = &t
+	}
+	if p.keep.enabled {
+		doc.Kept = &DebugKept{Sections: []DebugKeptItem{}, LastReseed: reseed}
+		if p.keep.dir != "" {
+			stateFile.Path = p.keep.dir + "/" + stateFileName
+			doc.Kept.StateFile = &stateFile
+		}
+		if kept != nil { // immutable: counted outside any lock
+			doc.Kept.Digest, doc.Kept.LastModified = clipString(kept.Digest, maxDebugDigest), clipString(kept.LastModified, maxDebugDigest)
+			for _, s := range sortedKeys(kept.Versions) {
+				items := kept.Items[s]
+				doc.Kept.Sections = append(doc.Kept.Sections, DebugKeptItem{Section: rewrite.Clip(s), Version: kept.Versions[s], Items: countItems(items), Bytes: len(items)})
+				doc.Kept.Bytes += len(items)
+			}
+		}
+	}
+	// the item counts of the last accepted sync are what the kept configuration holds
+	if doc.LastAccepted != nil && kept != nil {
+		acc := *doc.LastAccepted
+		acc.Sections = slices.Clone(acc.Sections)
+		for i, s := range acc.Sections {
+			if _, ok := kept.Versions[s.Section]; ok && kept.Versions[s.Section] == s.Version {
+				n := countItems(kept.Items[s.Section])
+				acc.Sections[i].Items = &n
+			}
+		}
+		doc.LastAccepted = &acc
+	}
+	return doc
+}
+
+// DebugHandler serves /debug/config.
+func (p *Proxy) DebugHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(p.DebugConfig())
+	})
+}
+
+// credentialFreeURL is the upstream URL without user information.
+func credentialFreeURL(u *url.URL) string {
+	c := *u
+	c.User = nil
+	return c.String()
+}
+
+// countItems counts the elements of a JSON array without decoding it.
+func countItems(raw []byte) int {
+	depth, n, inString, escaped, seen := 0, 0, false, false, false
+	for _, c := range raw {
+		if inString {
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+			if depth == 1 {
+				seen = true
+			}
+		case '[', '{':
+			if depth == 1 {
+				seen = true
+			}
+			depth++
+		case ']', '}':
+			depth--
+		case ',':
+			if depth == 1 {
+				n++
+			}
+		case ' ', '\t', '\n', '\r':
+		default:
+			if depth == 1 {
+				seen = true
+			}
+		}
+	}
+	if !seen {
+		return 0
+	}
+	return n + 1
+}
