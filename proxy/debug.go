@@ -23,6 +23,8 @@ const (
 	maxDebugDigest  = 128
 	maxDebugMessage = 256
 	recentSyncs     = 32
+	// maxDebugSections bounds the per-section lines (APISIX knows 13 sections).
+	maxDebugSections = 256
 )
 
 // DebugConfig is the document; field names are stable (operators script against them).
@@ -229,7 +231,7 @@ func debugSections(res *rewrite.Result) []DebugSection {
 	}
 	out := []DebugSection{}
 	for _, o := range res.Outcomes() {
-		if len(out) == 256 {
+		if len(out) == maxDebugSections {
 			break
 		}
 		out = append(out, DebugSection{Section: rewrite.Clip(o.Section), Version: o.Version, Action: words[o.Section],
@@ -309,7 +311,10 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 		}
 		if kept != nil { // immutable: counted outside any lock
 			doc.Kept.Digest, doc.Kept.LastModified = clipString(kept.Digest, maxDebugDigest), clipString(kept.LastModified, maxDebugDigest)
-			for _, s := range sortedKeys(kept.Versions) {
+			for i, s := range sortedKeys(kept.Versions) {
+				if i == maxDebugSections {
+					break
+				}
 				items := kept.Items[s]
 				doc.Kept.Sections = append(doc.Kept.Sections, DebugKeptItem{Section: rewrite.Clip(s), Version: kept.Versions[s], Items: countItems(items), Bytes: len(items)})
 				doc.Kept.Bytes += len(items)

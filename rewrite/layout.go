@@ -1,6 +1,9 @@
 package rewrite
 
-import "hash/maphash"
+import (
+	"hash/maphash"
+	"slices"
+)
 
 // A Layout is the top-level shape of the last JSON body Prepare scanned — its members'
 // offsets and a hash of every part between them — without the bytes. ADC re-sends the
@@ -11,7 +14,7 @@ import "hash/maphash"
 // The hashes are seeded per process, so no client can aim a collision at them.
 type Layout struct {
 	size     int
-	obj      object   // members (named), the closing brace, the index: read-only
+	obj      object   // members (named; their raw keys dropped), the closing brace, the index: read-only
 	headSum  uint64   // body[:first member]
 	keySums  []uint64 // per member: "key": up to its value
 	tailSums []uint64 // per member: after its value, up to the next member (or the end)
@@ -23,6 +26,12 @@ func (p *Prepared) Layout() *Layout { return p.layout }
 
 // layoutOf records body's shape; valSums are the members' value hashes.
 func (rw *Rewriter) layoutOf(body []byte, obj object, valSums []uint64) *Layout {
+	// The members' raw keys are sub-slices of body, whose pooled buffer the next body
+	// overwrites: the layout keeps their names only, so it holds none of body's bytes.
+	obj.members = slices.Clone(obj.members)
+	for i := range obj.members {
+		obj.members[i].key = nil
+	}
 	l := &Layout{size: len(body), obj: obj, valSums: valSums,
 		keySums: make([]uint64, len(obj.members)), tailSums: make([]uint64, len(obj.members))}
 	if len(obj.members) == 0 {

@@ -35,7 +35,15 @@ func FuzzPrepareLike(f *testing.F) {
 			}
 			return
 		}
-		if !reflect.DeepEqual(got.obj.members, want.obj.members) || got.obj.close != want.obj.close || !reflect.DeepEqual(got.sums, want.sums) {
+		// a layout keeps names, not the raw keys (they would pin the previous body)
+		named := func(ms []member) []member {
+			out := append([]member(nil), ms...)
+			for i := range out {
+				out[i].key = nil
+			}
+			return out
+		}
+		if !reflect.DeepEqual(named(got.obj.members), named(want.obj.members)) || got.obj.close != want.obj.close || !reflect.DeepEqual(got.sums, want.sums) {
 			t.Fatalf("the layout shortcut misread\n%q\n got %+v\nwant %+v", mutated, got.obj.members, want.obj.members)
 		}
 	})

@@ -6,9 +6,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/confshim/confshim/integration/emulator"
 	"github.com/confshim/confshim/integration/testcerts"
@@ -108,4 +111,43 @@ func servedCN(t *testing.T, ca *testcerts.CA, addr string) string {
 		t.Fatalf("HEAD /apisix/admin over HTTPS: %d %v", resp.StatusCode, resp.Header)
 	}
 	return resp.TLS.PeerCertificates[0].Subject.CommonName
+}
+
+// TestABrokenRotationIsLoggedOnce: a pair that cannot be loaded is said once, not at
+// every handshake, until the files change again.
+func TestABrokenRotationIsLoggedOnce(t *testing.T) {
+	ca := testcerts.NewCA(t, "test-ca")
+	dir := t.TempDir()
+	pair := ca.Issue(t, "good")
+	certFile := testcerts.Write(t, dir, "tls.crt", pair.CertPEM)
+	keyFile := testcerts.Write(t, dir, "tls.key", pair.KeyPEM)
+	var logs strings.Builder
+	r, err := newCertReloader(certFile, keyFile, 0, zerolog.New(&logs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testcerts.Write(t, dir, "tls.crt", []byte("not a certificate"))
+	touch(t, certFile, time.Now().Add(time.Second))
+	for i := 0; i < 5; i++ {
+		if c, _ := r.GetCertificate(nil); c == nil {
+			t.Fatal("no certificate served")
+		}
+	}
+	if n := strings.Count(logs.String(), "cannot be loaded"); n != 1 {
+		t.Fatalf("the broken pair was reported %d times, want once:\n%s", n, logs.String())
+	}
+	fixed := ca.Issue(t, "fixed")
+	testcerts.Write(t, dir, "tls.crt", fixed.CertPEM)
+	testcerts.Write(t, dir, "tls.key", fixed.KeyPEM)
+	touch(t, certFile, time.Now().Add(2*time.Second))
+	if _, _ = r.GetCertificate(nil); !strings.Contains(logs.String(), "reloaded") {
+		t.Fatalf("a fixed pair is loaded again: %s", logs.String())
+	}
+}
+
+func touch(t *testing.T, file string, at time.Time) {
+	t.Helper()
+	if err := os.Chtimes(file, at, at); err != nil {
+		t.Fatal(err)
+	}
 }

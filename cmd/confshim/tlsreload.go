@@ -21,6 +21,9 @@ type certReloader struct {
 	cert    *tls.Certificate
 	modTime time.Time
 	checked time.Time
+	// failed is the modification time of a pair that could not be loaded: it is said
+	// once, not at every handshake, until the files change again.
+	failed time.Time
 }
 
 func newCertReloader(certFile, keyFile string, interval time.Duration, log zerolog.Logger) (*certReloader, error) {
@@ -64,8 +67,9 @@ func (r *certReloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, e
 	defer r.mu.Unlock()
 	if time.Since(r.checked) >= r.interval {
 		r.checked = time.Now()
-		if mod, err := r.latestModTime(); err == nil && !mod.Equal(r.modTime) {
+		if mod, err := r.latestModTime(); err == nil && !mod.Equal(r.modTime) && !mod.Equal(r.failed) {
 			if err := r.load(); err != nil {
+				r.failed = mod
 				r.log.Error().Err(err).Msg("TLS certificate changed but cannot be loaded; keeping the previous one")
 			} else {
 				r.log.Info().Msg("TLS certificate reloaded")
