@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -125,6 +126,9 @@ type stackOptions struct {
 	adminKey string
 	// safety is the watch's safety-check interval (0: the default minute)
 	safety time.Duration
+	// merge is --merge; preserve, when set, replaces the default --preserve
+	merge    []string
+	preserve []string
 }
 
 func newStack(t testing.TB, o stackOptions) *stack {
@@ -157,7 +161,8 @@ func (s *stack) startProxy(t testing.TB) {
 	s.metrics = metrics.New(prometheus.NewRegistry(), "test")
 	p, err := proxy.New(proxy.Config{
 		Upstream:            s.dpURL,
-		Preserve:            rewrite.DefaultPreserve,
+		Preserve:            s.preserveList(),
+		Merge:               s.opts.merge,
 		MaxBodyBytes:        64 << 20,
 		UpstreamTimeout:     s.timeout,
 		AdminKey:            s.opts.adminKey,
@@ -177,6 +182,20 @@ func (s *stack) startProxy(t testing.TB) {
 	s.stopProxy = func() { once.Do(func() { pSrv.Close(); cancel(); p.Wait() }) }
 	t.Cleanup(s.stopProxy)
 	s.proxyURL = pSrv.URL
+}
+
+// preserveList is --preserve as main would resolve it: the default minus merged sections.
+func (s *stack) preserveList() []string {
+	if s.opts.preserve != nil {
+		return s.opts.preserve
+	}
+	var out []string
+	for _, p := range rewrite.DefaultPreserve {
+		if !slices.Contains(s.opts.merge, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // via returns a client talking to confshim (through=true) or to the bare data plane.

@@ -22,6 +22,8 @@ type dataPlane struct {
 	digest       string // X-Digest and X-Last-Modified the state belongs to
 	lastModified string
 	record       *rewrite.Record
+	owned        rewrite.Ownership // the client's ids in --merge sections (§8.6)
+	unownedSaid  map[string]bool   // sections whose missing ownership was logged
 }
 
 // RefusedError: APISIX refused a request confshim made with the caller's credentials
@@ -311,7 +313,7 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 			st = p.dp.state
 		}
 	}
-	pr.in.State, pr.in.Record = st, p.dp.record
+	pr.in.State, pr.in.Record, pr.in.Owned = st, p.dp.record, p.dp.owned
 	buf := p.getBuf()
 	pr.in.Buf = *buf
 	start := time.Now()
@@ -758,13 +760,32 @@ func (p *Proxy) remember(resp *http.Response, res *rewrite.Result, out outgoingP
 	case resp.StatusCode == http.StatusNoContent:
 		if out.noop {
 			p.dp.record = res.Commit(true)
+			p.noteMerges(res)
 		}
 	default:
 		p.dp.record = res.Commit(false)
+		p.noteMerges(res)
 		p.setState(nil, "", "")
 		if d, lm := resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified"); d != "" && lm != "" {
 			p.setState(res.AppliedState(), d, lm) // the next HEAD confirms nobody wrote since
 		}
+	}
+}
+
+// noteMerges commits the memory of ownership of an accepted PUT, and says once per
+// section when a merge kept items because confshim had no memory of who owns them.
+func (p *Proxy) noteMerges(res *rewrite.Result) {
+	p.dp.owned = res.Ownership(p.dp.owned)
+	for _, m := range res.Merges {
+		if !m.Unowned || p.dp.unownedSaid[m.Section] {
+			continue
+		}
+		if p.dp.unownedSaid == nil {
+			p.dp.unownedSaid = map[string]bool{}
+		}
+		p.dp.unownedSaid[m.Section] = true
+		p.log.Warn().Str("event", "merge_unowned").Str("section", rewrite.Clip(m.Section)).Int("kept", m.Kept).
+			Msg("no memory of which items the client owns in this merged section (a restart without --state-dir): items missing from its copy are kept, not deleted")
 	}
 }
 

@@ -39,6 +39,9 @@ type keptConfig struct {
 	Versions     map[string]float64 `json:"versions"`
 	// Items are the raw JSON values of the sections that hold items.
 	Items map[string]json.RawMessage `json:"items"`
+	// Owned is the memory of ownership of --merge sections (§8.6). A file without it
+	// (an earlier release) reads as no memory; an earlier release ignores it.
+	Owned rewrite.Ownership `json:"owned,omitempty"`
 }
 
 // keeper's fields are guarded by the proxy's PUT lock, except refreshDue and the
@@ -133,7 +136,9 @@ func (k *keeper) afterPut(resp *http.Response, res *rewrite.Result, prepared *re
 		}
 		switch {
 		case st != nil && st.ItemsKnown && dp.lastModified != "":
-			k.set(keptFromState(st, dp.digest, dp.lastModified))
+			kept := keptFromState(st, dp.digest, dp.lastModified)
+			kept.Owned = dp.owned
+			k.set(kept)
 		default:
 			k.forget() // someone else wrote: the watch reads it back
 		}
@@ -149,7 +154,7 @@ func (k *keeper) afterPut(resp *http.Response, res *rewrite.Result, prepared *re
 	// the same version).
 	prevIsCurrent := prev != nil && dp.lastModified != "" && prev.Digest == dp.digest && prev.LastModified == dp.lastModified
 	next := &keptConfig{Digest: resp.Header.Get("X-Digest"), LastModified: resp.Header.Get("X-Last-Modified"),
-		Versions: map[string]float64{}, Items: map[string]json.RawMessage{}}
+		Versions: map[string]float64{}, Items: map[string]json.RawMessage{}, Owned: res.Ownership(dp.owned)}
 	for _, o := range res.Outcomes() {
 		next.Versions[o.Section] = o.Version
 		var items []byte
@@ -355,6 +360,11 @@ func (k *keptConfig) check() error {
 		}
 		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v >= 1<<53 {
 			return fmt.Errorf("the version of %s is not one APISIX stores", rewrite.Clip(s))
+		}
+	}
+	for s, ids := range k.Owned {
+		if !printable(s) || len(ids) > 1<<20 {
+			return fmt.Errorf("the ownership of %q is not usable", rewrite.Clip(s))
 		}
 	}
 	for s, items := range k.Items {

@@ -39,6 +39,7 @@ const ConfigsPath = "/apisix/admin/configs"
 type Config struct {
 	Upstream        string        // APISIX Admin API base URL, http or https
 	Preserve        []string      // sections owned by out-of-band writers
+	Merge           []string      // sections shared item by item with out-of-band writers (§8.6)
 	MaxBodyBytes    int64         // larger request bodies get 413
 	UpstreamTimeout time.Duration // per upstream request
 	AdminKey        string        // for confshim's own background requests, never a caller's
@@ -158,7 +159,7 @@ func New(cfg Config) (*Proxy, error) {
 		cfg:      cfg,
 		upstream: u,
 		tr:       newTransports(transport),
-		rw:       rewrite.New(cfg.Preserve),
+		rw:       rewrite.NewMerging(cfg.Preserve, cfg.Merge),
 		log:      cfg.Logger,
 		m:        cfg.Metrics,
 		putLock:  make(chan struct{}, 1),
@@ -167,6 +168,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.debug = &debugLog{}
 	p.keep = newKeeper(cfg, cfg.Logger, p.debug)
+	if p.keep.kept != nil && p.keep.kept.Owned != nil {
+		p.dp.owned = p.keep.kept.Owned // the memory of ownership survives the restart
+	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
 		Transport:     p.tr.shared,

@@ -76,7 +76,9 @@ func (p *Proxy) refreshKept(ctx context.Context, digest, lastModified string) {
 		return
 	}
 	p.setState(st, d, lm)
-	p.keep.set(keptFromState(st, d, lm))
+	kept := keptFromState(st, d, lm)
+	kept.Owned = p.dp.owned
+	p.keep.set(kept)
 	p.keep.refreshDue.Store(false)
 	p.log.Debug().Str("event", "kept_refreshed").Msg("read the data plane's configuration back after a write confshim did not make")
 }
@@ -151,7 +153,7 @@ func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *
 	p.log.Info().Str("event", "reseed").Str("result", "restored").Dict("versions", versions).
 		Dur("after", took).Msg("the data plane had lost its configuration; restored the kept one")
 	lm := resp.Header.Get("X-Last-Modified")
-	p.keep.set(&keptConfig{Digest: resp.Header.Get("X-Digest"), LastModified: lm, Versions: k.Versions, Items: k.Items})
+	p.keep.set(&keptConfig{Digest: resp.Header.Get("X-Digest"), LastModified: lm, Versions: k.Versions, Items: k.Items, Owned: k.Owned})
 	// the record still holds: the data plane has the same versions and content again
 	if d := resp.Header.Get("X-Digest"); d != "" && lm != "" {
 		p.setState(&rewrite.State{Versions: k.Versions}, d, lm)

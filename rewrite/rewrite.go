@@ -32,7 +32,7 @@ const (
 )
 
 // AllActions lists every action, for metrics that start at zero.
-var AllActions = []Action{Raised, Bumped, Preserved, Settled}
+var AllActions = []Action{Raised, Bumped, Preserved, Settled, Merged}
 
 // Change is one section that the rewrite changed.
 type Change struct {
@@ -69,6 +69,7 @@ func (e *SkipError) Error() string { return "not rewritten: " + e.Reason }
 // Rewriter holds the configuration of the decision; it is safe for concurrent use.
 type Rewriter struct {
 	preserve map[string]bool
+	merge    map[string]bool // --merge sections (§8.6)
 	seed     maphash.Seed
 }
 
@@ -115,6 +116,8 @@ type Input struct {
 	// Buf, if it has the capacity, holds the rewritten body: callers pool it so that a
 	// sync of tens of megabytes does not allocate its copy each time.
 	Buf []byte
+	// Owned is the memory of which ids the client owns in --merge sections (§8.6).
+	Owned Ownership
 }
 
 // Result is the decision for one body.
@@ -133,8 +136,27 @@ type Result struct {
 	// (§8.3); ThinnedBytes is what that left out.
 	Thinned      []string
 	ThinnedBytes int
+	// Merges reports each --merge section whose union was computed (§8.6).
+	Merges []MergeReport
 
 	sections []outcome
+	owned    Ownership // the client's ids in each merged section after this PUT
+}
+
+// Ownership returns the memory of ownership once the data plane accepted this body:
+// prev with every merged section this body decided replaced.
+func (r *Result) Ownership(prev Ownership) Ownership {
+	if len(r.owned) == 0 {
+		return prev
+	}
+	next := make(Ownership, len(prev)+len(r.owned))
+	for s, ids := range prev {
+		next[s] = ids
+	}
+	for s, ids := range r.owned {
+		next[s] = ids
+	}
+	return next
 }
 
 // outcome is what the data plane will hold for one section after the forwarded PUT.
@@ -258,7 +280,7 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 	if in.State == nil {
 		in.State = &State{}
 	}
-	res := &Result{}
+	res := &Result{owned: Ownership{}}
 	e := edits{newValue: make([][]byte, len(p.obj.members)), drop: make([]bool, len(p.obj.members))}
 	h := semHasher{seed: rw.seed}
 	noop := true
@@ -267,7 +289,15 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 	res.sections = make([]outcome, 0, len(sections))
 	for _, ref := range sections {
 		section, sl := ref.name, ref.slots
-		o, change, changed, err := rw.decideSection(section, sl, p, &e, in, &h)
+		var o outcome
+		var change Change
+		var changed bool
+		var err error
+		if rw.merge[section] {
+			o, change, changed, err = rw.decideMerged(section, sl, p, &e, in, &h, res)
+		} else {
+			o, change, changed, err = rw.decideSection(section, sl, p, &e, in, &h)
+		}
 		if err != nil {
 			return nil, err
 		}

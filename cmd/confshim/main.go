@@ -65,6 +65,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	p, err := proxy.New(proxy.Config{
 		Upstream:                   opts.upstream,
 		Preserve:                   opts.preserve,
+		Merge:                      opts.merge,
 		MaxBodyBytes:               opts.maxBodyBytes,
 		BodyBudgetBytes:            opts.bodyBudgetBytes,
 		ReadyWindow:                readyWindow,
@@ -138,7 +139,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	go func() { errc <- proxySrv.Serve(proxyLn) }()
 	go func() { errc <- metricsSrv.Serve(metricsLn) }()
 	logger.Info().Str("listen", proxyLn.Addr().String()).Str("metrics_listen", metricsLn.Addr().String()).
-		Str("upstream", redacted(opts.upstream)).Strs("preserve", opts.preserve).Str("version", version).Msg("confshim started")
+		Str("upstream", redacted(opts.upstream)).Strs("preserve", opts.preserve).Strs("merge", opts.merge).Str("version", version).Msg("confshim started")
 	if ready != nil {
 		ready(proxyLn.Addr().String(), metricsLn.Addr().String())
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -26,6 +27,7 @@ var (
 type options struct {
 	listen, upstream, metricsListen string
 	preserve                        []string
+	merge                           []string
 	maxBodyBytes                    int64
 	bodyBudgetBytes                 int64
 	reseedInterval                  time.Duration
@@ -64,6 +66,7 @@ var flagSpecs = []flagSpec{
 	{"upstream", "http://127.0.0.1:9180", "APISIX Admin API base URL (http or https)", false},
 	{"metrics-listen", ":9281", "address serving /metrics, /healthz, /readyz and /debug/config (never the proxied API)", false},
 	{"preserve", strings.Join(rewrite.DefaultPreserve, ","), "comma-separated sections owned by out-of-band writers; APISIX keeps what it holds for them (empty: none)", false},
+	{"merge", "", "comma-separated sections shared item by item with out-of-band writers (e.g. global_rules,secrets): the client's items follow its snapshot, items it never sent are kept; a section named here leaves the default --preserve list, naming it in both is an error", false},
 	{"max-body-bytes", "67108864", "largest request body accepted; larger ones get 413", false},
 	{"body-budget-bytes", "0", "request bodies buffered at once, all connections together (0: 4 × --max-body-bytes); past it a body waits up to 10s, then gets 503", false},
 	{"upstream-timeout", "60s", "timeout of each upstream request (a repaired PUT makes a few: a probe, a state read, the PUT, and after a version conflict or a closed connection another read and PUT)", false},
@@ -145,15 +148,31 @@ func parseOptions(args []string, lookupEnv func(string) (string, bool)) (*option
 	o.listen = addr("listen")
 	o.metricsListen = addr("metrics-listen")
 	o.upstream = get("upstream")
-	if v := strings.TrimSpace(get("preserve")); v != "" {
-		for _, s := range strings.Split(v, ",") {
-			s = strings.TrimSpace(s)
-			if s == "" || strings.ContainsAny(s, " \"") || strings.HasSuffix(s, "_conf_version") {
-				bad("preserve", "%q is not a section name", s)
-				continue
+	sections := func(name string) []string {
+		var out []string
+		if v := strings.TrimSpace(get(name)); v != "" {
+			for _, s := range strings.Split(v, ",") {
+				s = strings.TrimSpace(s)
+				if s == "" || strings.ContainsAny(s, " \"") || strings.HasSuffix(s, "_conf_version") {
+					bad(name, "%q is not a section name", s)
+					continue
+				}
+				out = append(out, s)
 			}
-			o.preserve = append(o.preserve, s)
 		}
+		return out
+	}
+	o.preserve, o.merge = sections("preserve"), sections("merge")
+	_, preserveFromEnv := lookupEnv(envName("preserve"))
+	for _, s := range o.merge {
+		if !slices.Contains(o.preserve, s) {
+			continue
+		}
+		if given["preserve"] || preserveFromEnv {
+			bad("merge", "%q is also named in --preserve: a section is either merged or preserved", s)
+			continue
+		}
+		o.preserve = slices.DeleteFunc(o.preserve, func(p string) bool { return p == s }) // leaves the default list
 	}
 	if n, err := strconv.ParseInt(get("max-body-bytes"), 10, 64); err != nil || n <= 0 {
 		bad("max-body-bytes", "%q is not a positive number of bytes", get("max-body-bytes"))

@@ -23,8 +23,9 @@ import (
 	"time"
 )
 
-// Modelled are the sections ADC creates, updates and deletes.
-var Modelled = []string{"routes", "services", "upstreams", "consumers", "ssls", "global_rules", "plugin_metadata", "stream_routes"}
+// Modelled are the sections ADC creates, updates and deletes (secrets: as the controller
+// will, apache/apisix-ingress-controller#2831; only when the configuration has them).
+var Modelled = []string{"routes", "services", "upstreams", "consumers", "ssls", "global_rules", "plugin_metadata", "stream_routes", "secrets"}
 
 // Config is the desired configuration: items per modelled section.
 type Config map[string][]map[string]any

@@ -1,0 +1,154 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/confshim/confshim/integration/adcclient"
+)
+
+// Contract §8.6: --merge sections are shared item by item between the client and
+// out-of-band writers.
+
+// ids lists the ids of a section as the data plane holds it.
+func (s *stack) ids(t *testing.T, section string) []string {
+	t.Helper()
+	raw, _ := json.Marshal(s.doc(t)[section])
+	var items []map[string]any
+	_ = json.Unmarshal(raw, &items)
+	var out []string
+	for _, it := range items {
+		id, _ := it["id"].(string)
+		out = append(out, id)
+	}
+	return out
+}
+
+func wantIDs(t *testing.T, got []string, want ...string) {
+	t.Helper()
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("ids %v, want %v", got, want)
+	}
+}
+
+// withRules is config("v1") with the given client global rules.
+func withRules(rules ...map[string]any) adcclient.Config {
+	cfg := config("v1")
+	cfg["global_rules"] = rules
+	return cfg
+}
+
+func rule(id, plugin string, setting any) map[string]any {
+	return map[string]any{"id": id, "plugins": map[string]any{plugin: map[string]any{"v": setting}}}
+}
+
+// addPlatformRule is the platform team's tracing rule, written straight to APISIX.
+func addPlatformRule(t *testing.T, s *stack) {
+	s.oobPut(t, func(doc map[string]any) {
+		rules, _ := doc["global_rules"].([]any)
+		doc["global_rules"] = append(rules, map[string]any{"id": "platform-tracing", "plugins": map[string]any{"zipkin": map[string]any{"endpoint": "http://zipkin:9411"}}})
+		doc["global_rules_conf_version"] = doc["global_rules_conf_version"].(float64) + 1
+	})
+}
+
+// adoptedClient is the same ADC (its cache) aimed at the restarted confshim.
+func adoptedClient(s *stack, c *adcclient.Client) *adcclient.Client {
+	next := s.client(true)
+	next.Adopt(c)
+	return next
+}
+
+func TestMergeKeepsTheOutOfBandRuleThroughAddChangeDelete(t *testing.T) {
+	s := newStack(t, stackOptions{merge: []string{"global_rules"}})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 1))))
+	addPlatformRule(t, s)
+	wantIDs(t, s.ids(t, "global_rules"), "prometheus", "platform-tracing")
+
+	res := sync1(t, c, withRules(rule("prometheus", "prometheus", 1), rule("cors", "cors", 1))) // add
+	mustLand(t, res)
+	mustContain(t, res.Header.Get("X-Confshim-Actions"), "global_rules=merged")
+	wantIDs(t, s.ids(t, "global_rules"), "prometheus", "cors", "platform-tracing")
+
+	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 2), rule("cors", "cors", 1)))) // change
+	wantIDs(t, s.ids(t, "global_rules"), "prometheus", "cors", "platform-tracing")
+	mustContain(t, jsonOf(s.doc(t)["global_rules"]), `"v":2`)
+
+	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 2)))) // delete its own
+	wantIDs(t, s.ids(t, "global_rules"), "prometheus", "platform-tracing")
+
+	// nothing changed: settled against the union, thinned, answered 204, nothing reloads
+	before := s.em.Reloads()["global_rules"]
+	res = sync1(t, c, withRules(rule("prometheus", "prometheus", 2)))
+	mustLand(t, res)
+	if got := s.em.Reloads()["global_rules"]; got != before {
+		t.Fatalf("an unchanged merged section reloaded (%d → %d)", before, got)
+	}
+	wantIDs(t, s.ids(t, "global_rules"), "prometheus", "platform-tracing")
+
+	// an id the out-of-band writer created becomes the client's when the client sends it
+	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 2), rule("platform-tracing", "zipkin", "mine"))))
+	mustContain(t, jsonOf(s.doc(t)["global_rules"]), `"v":"mine"`)
+	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 2))))
+	wantIDs(t, s.ids(t, "global_rules"), "prometheus")
+}
+
+func TestMergeOwnershipSurvivesARestartWithStateDir(t *testing.T) {
+	s := newStack(t, stackOptions{merge: []string{"global_rules"}, reseed: watch, stateDir: t.TempDir(), adminKey: adminKey})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 1), rule("cors", "cors", 1))))
+	addPlatformRule(t, s)
+	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 1), rule("cors", "cors", 1))))
+	s.startProxy(t) // the old one writes its state file before it is gone
+	data, _ := os.ReadFile(filepath.Join(s.opts.stateDir, "confshim-state.json"))
+	mustContain(t, string(data), `"owned":{"global_rules":["cors","prometheus"]}`)
+	c = adoptedClient(s, c)
+	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 1)))) // the client deletes cors
+	wantIDs(t, s.ids(t, "global_rules"), "prometheus", "platform-tracing")
+	if strings.Contains(s.logs.String(), "merge_unowned") {
+		t.Fatal("ownership was remembered, yet the log says it was not")
+	}
+}
+
+func TestMergeWithoutMemoryKeepsAndSaysSo(t *testing.T) {
+	s := newStack(t, stackOptions{merge: []string{"global_rules"}})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 1), rule("cors", "cors", 1))))
+	addPlatformRule(t, s)
+	s.startProxy(t) // memory only: who owns what is forgotten
+	c = adoptedClient(s, c)
+	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 1))))
+	wantIDs(t, s.ids(t, "global_rules"), "prometheus", "cors", "platform-tracing") // kept, never deleted
+	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 2))))
+	if n := strings.Count(s.logs.String(), `"event":"merge_unowned"`); n != 1 {
+		t.Fatalf("want the missing memory said once for the section, said %d times", n)
+	}
+	// from now on confshim knows: the client's next deletion lands
+	mustLand(t, sync1(t, c, withRules(rule("cors2", "ip-restriction", 1))))
+	wantIDs(t, s.ids(t, "global_rules"), "cors2", "cors", "platform-tracing")
+}
+
+func TestMergeSecretsBesideTheOperatorsManager(t *testing.T) {
+	s := newStack(t, stackOptions{merge: []string{"secrets"}})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, config("v1")))
+	registerSecrets(t, s) // the operator's vault/1, straight to APISIX
+	cfg := config("v1")
+	cfg["secrets"] = []map[string]any{{"id": "vault/controller", "uri": "http://vault:8200", "prefix": "kv/ctrl", "token": "ctrl-token"}}
+	res := sync1(t, c, cfg)
+	mustLand(t, res)
+	wantIDs(t, s.ids(t, "secrets"), "vault/controller", "vault/1")
+	actions := res.Header.Get("X-Confshim-Actions")
+	mustContain(t, actions, "secrets=merged")
+	mustContain(t, s.items(t, "secrets"), "example-vault-token")
+	// the rest of the default --preserve list still holds: protos written out of band
+	s.oobPut(t, func(doc map[string]any) { doc["protos_conf_version"] = doc["protos_conf_version"].(float64) + 1 })
+	cfg["routes"][0]["uris"] = []any{"/v2"}
+	res = sync1(t, c, cfg)
+	mustLand(t, res)
+	mustContain(t, res.Header.Get("X-Confshim-Actions"), "protos=preserved")
+	wantIDs(t, s.ids(t, "secrets"), "vault/controller", "vault/1")
+}

@@ -1,0 +1,274 @@
+package rewrite
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash/maphash"
+	"slices"
+)
+
+// Shared sections (contract §8.6): in a --merge section the client owns the ids it has
+// sent; an owned item follows the client's snapshot, an item the client never sent is
+// kept as the data plane holds it. The section goes to APISIX as the union — the
+// client's items byte for byte, then the kept ones as the data plane returned them — at
+// the version §5.1 gives for the union against the data plane's copy.
+
+// Merged is the action of a merged section in which items were kept.
+const Merged Action = "merged"
+
+// Ownership is, per merged section, the ids the client owns. A section missing from it
+// has no memory of ownership (a restart without --state-dir): nothing is deleted there.
+type Ownership map[string][]string
+
+// NewMerging returns a Rewriter that preserves preserve and merges merge item by item.
+func NewMerging(preserve, merge []string) *Rewriter {
+	rw := New(preserve)
+	rw.merge = make(map[string]bool, len(merge))
+	for _, s := range merge {
+		rw.merge[s] = true
+		delete(rw.preserve, s)
+	}
+	return rw
+}
+
+// MergeReport is what merging did to one section.
+type MergeReport struct {
+	Section     string
+	ClientOwned int  // items the client sent
+	Kept        int  // items kept as the data plane holds them
+	Unowned     bool // no memory of ownership: items missing from the client's copy were kept
+}
+
+// arrayItem is one element of a JSON array: its raw bytes and its identity.
+type arrayItem struct {
+	raw []byte
+	id  string // "" when the item has none
+}
+
+// splitItems cuts a JSON array (as validated by the scan) into its elements, reading
+// each element's identity: id, or for consumers username. Linear in the bytes.
+func splitItems(section string, raw []byte) ([]arrayItem, error) {
+	var out []arrayItem
+	i := skipWS(raw, 0)
+	switch {
+	case i >= len(raw): // absent: no items
+		return nil, nil
+	case raw[i] == '{': // APISIX reads an object as no items
+		return nil, nil
+	case raw[i] != '[':
+		return nil, fmt.Errorf("%s is not an array", clip(section))
+	}
+	i = skipWS(raw, i+1)
+	for i < len(raw) && raw[i] != ']' {
+		end := valueEnd(raw, i)
+		if end <= i {
+			return nil, fmt.Errorf("%s: an item cannot be read", clip(section))
+		}
+		item := raw[i:end]
+		out = append(out, arrayItem{raw: item, id: itemID(section, item)})
+		i = skipWS(raw, end)
+		if i < len(raw) && raw[i] == ',' {
+			i = skipWS(raw, i+1)
+		}
+	}
+	return out, nil
+}
+
+// valueEnd returns the end of the JSON value starting at i (strings and nesting aware).
+func valueEnd(b []byte, i int) int {
+	depth, inString, escaped := 0, false, false
+	for j := i; j < len(b); j++ {
+		c := b[j]
+		if inString {
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+				if depth == 0 {
+					return j + 1
+				}
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '[', '{':
+			depth++
+		case ']', '}':
+			depth--
+			if depth == 0 {
+				return j + 1
+			}
+			if depth < 0 {
+				return j
+			}
+		case ',':
+			if depth == 0 {
+				return j
+			}
+		}
+	}
+	return len(b)
+}
+
+// itemID is an item's identity as APISIX keys it: tostring(id), or a consumer's
+// username; "" when it has neither.
+func itemID(section string, item []byte) string {
+	var v struct {
+		ID       json.RawMessage `json:"id"`
+		Username json.RawMessage `json:"username"`
+	}
+	if json.Unmarshal(item, &v) != nil {
+		return ""
+	}
+	raw := v.ID
+	if len(raw) == 0 && section == "consumers" {
+		raw = v.Username
+	}
+	if len(raw) == 0 || string(raw) == "null" {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	return string(raw) // a number: its JSON text is tostring's
+}
+
+// union builds the merged section: the client's items, then the data plane's items the
+// client neither sends nor owns. owned nil: no memory of ownership, nothing deleted.
+func union(section string, client, dataPlane []byte, owned []string) (out []byte, ids []string, kept int, err error) {
+	mine, err := splitItems(section, client)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	theirs, err := splitItems(section, dataPlane)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	sent := make(map[string]bool, len(mine))
+	for _, it := range mine {
+		if it.id != "" {
+			sent[it.id] = true
+			ids = append(ids, it.id)
+		}
+	}
+	ownedSet := make(map[string]bool, len(owned))
+	for _, id := range owned {
+		ownedSet[id] = true
+	}
+	size := len(client) + len(dataPlane) + 2
+	out = make([]byte, 0, size)
+	out = append(out, '[')
+	for i, it := range mine {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, it.raw...)
+	}
+	for _, it := range theirs {
+		if it.id == "" || sent[it.id] || (owned != nil && ownedSet[it.id]) {
+			continue // the client's copy wins; an owned item gone from it is deleted
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, it.raw...)
+		kept++
+	}
+	out = append(out, ']')
+	slices.Sort(ids)
+	return out, slices.Compact(ids), kept, nil
+}
+
+// decideMerged is decideSection for a --merge section.
+func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher, res *Result) (o outcome, change Change, changed bool, err error) {
+	obj := &p.obj
+	vi, ii := sl.version, sl.items
+	vR, present, err := p.version(vi)
+	if err != nil {
+		return o, change, false, &SkipError{Reason: clip(section) + versionSuffix + " " + err.Error()}
+	}
+	vS := in.State.Version(section)
+	_, dpKnows := in.State.Versions[section]
+	o = outcome{section: section, current: vS, dpKnows: dpKnows, recorded: true}
+	change = Change{Section: section, From: vR, FromAbsent: !present}
+	var client []byte
+	o.sum = maphash.Bytes(rw.seed, nil)
+	if ii >= 0 {
+		m := obj.members[ii]
+		client = p.body[m.valueStart:m.valueEnd]
+		o.sum = p.sums[ii]
+	}
+	owned, knows := in.Owned[section]
+	// The record vouches: the same client bytes as last time on the version that write
+	// produced, so the union is what the data plane holds (an out-of-band write would
+	// have moved the version).
+	if entry, ok := in.Record.entry(section); ok && entry.version == vS && entry.sum == o.sum && knows && dpKnows {
+		o.fp, o.fpKnown, o.applied = entry.fp, entry.fpKnown, vS
+		res.owned[section] = owned
+		if present && vR == vS {
+			return o, change, false, nil
+		}
+		change.Action, change.To = Raised, vS
+		if present && vR > vS {
+			change.Action = Settled
+		}
+		e.setVersion(obj, vi, section, vS)
+		return o, change, true, nil
+	}
+	if !in.State.ItemsKnown {
+		return o, change, false, ErrStateIncomplete
+	}
+	if p.yaml {
+		return o, change, false, &RefuseError{Reason: fmt.Sprintf("YAML body: %s is merged (--merge) and confshim writes the merged items in JSON only; send this configuration as JSON", clip(section))}
+	}
+	ownedNow := owned // nil without a memory of ownership: nothing is deleted
+	if !knows {
+		ownedNow = nil
+	}
+	merged, ids, kept, err := union(section, client, in.State.Items[section], ownedNow)
+	if err != nil {
+		return o, change, false, &SkipError{Reason: err.Error()}
+	}
+	res.owned[section] = ids
+	res.Merges = append(res.Merges, MergeReport{Section: section, ClientOwned: len(ids), Kept: kept, Unowned: !knows && kept > 0})
+	o.fp, o.fpKnown = h.sectionFingerprint(merged), true
+	eq := o.fp == h.sectionFingerprint(in.State.Items[section])
+	switch {
+	case eq && present && vR == vS:
+		o.applied = vS
+		return o, change, false, nil
+	case eq:
+		change.Action, change.To = Raised, vS
+		if present && vR > vS {
+			change.Action = Settled
+		}
+	default:
+		next, ok := nextStorable(vS)
+		if present && vR > vS && storable(vR) > vS {
+			next = storable(vR)
+		} else if !ok {
+			return o, change, false, unstorable(section, vS)
+		}
+		change.Action, change.To = Bumped, next
+		if kept > 0 {
+			change.Action = Merged
+			if ii >= 0 {
+				e.newValue[ii] = merged
+			} else {
+				e.inserts = append(e.inserts, insert{[]byte(section), merged})
+			}
+		}
+	}
+	o.applied = change.To
+	if change.To == vR && present && change.Action == Bumped {
+		return o, change, false, nil // the client's version already applies its copy
+	}
+	e.setVersion(obj, vi, section, change.To)
+	return o, change, true, nil
+}
