@@ -72,6 +72,9 @@ func TestMergeKeepsTheOutOfBandRuleThroughAddChangeDelete(t *testing.T) {
 	mustLand(t, res)
 	mustContain(t, res.Header.Get("X-Confshim-Actions"), "global_rules=merged")
 	wantIDs(t, s.ids(t, "global_rules"), "prometheus", "cors", "platform-tracing")
+	if m := s.proxy.DebugConfig().Merge; len(m) != 1 || m[0].Section != "global_rules" || m[0].ClientOwned != 2 || m[0].Kept != 1 {
+		t.Fatalf("/debug/config merge: %+v, want global_rules owned 2, kept 1", m)
+	}
 
 	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 2), rule("cors", "cors", 1)))) // change
 	wantIDs(t, s.ids(t, "global_rules"), "prometheus", "cors", "platform-tracing")

@@ -40,6 +40,7 @@ type stack struct {
 	timeout   time.Duration
 	stopProxy func()
 	dp        *dataPlaneServer
+	proxy     *proxy.Proxy
 }
 
 // dataPlaneServer serves the emulator on a fixed loopback port and restarts the way a
@@ -178,6 +179,7 @@ func (s *stack) startProxy(t testing.TB) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p.StartBackground(ctx)
 	pSrv := httptest.NewServer(p)
+	s.proxy = p
 	var once sync.Once
 	s.stopProxy = func() { once.Do(func() { pSrv.Close(); cancel(); p.Wait() }) }
 	t.Cleanup(s.stopProxy)

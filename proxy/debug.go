@@ -35,6 +35,19 @@ type DebugConfig struct {
 	LastRejected *DebugRejected  `json:"last_rejected"`
 	Kept         *DebugKept      `json:"kept"`
 	RecentSyncs  []DebugSyncLine `json:"recent_syncs"`
+	// Merge is the ownership of each --merge section as the last sync that merged it left
+	// it (§8.6); absent without --merge.
+	Merge []DebugMerge `json:"merge,omitempty"`
+}
+
+// DebugMerge is one merged section: how many ids the client owns, how many items were
+// kept as the data plane held them, and whether confshim lacked the memory of ownership.
+type DebugMerge struct {
+	Section     string    `json:"section"`
+	ClientOwned int       `json:"client_owned"`
+	Kept        int       `json:"kept"`
+	Unowned     bool      `json:"no_memory_of_ownership,omitempty"`
+	At          time.Time `json:"at"`
 }
 
 // DebugDataPlane is what confshim knows of APISIX.
@@ -134,6 +147,7 @@ type debugLog struct {
 	ringLen      int
 	ringNext     int
 	kept         *keptConfig
+	merges       map[string]DebugMerge
 	stateFile    DebugStateFile
 	lastReseed   *DebugReseed
 	lastStatus   int
@@ -208,6 +222,14 @@ func (p *Proxy) recordSync(r syncRecord) {
 	defer p.debug.mu.Unlock()
 	if accepted != nil {
 		p.debug.lastAccepted = accepted
+		for _, m := range resMerges(r.res) {
+			if p.debug.merges == nil {
+				p.debug.merges = map[string]DebugMerge{}
+			}
+			if len(p.debug.merges) < maxDebugSections {
+				p.debug.merges[m.Section] = DebugMerge{Section: rewrite.Clip(m.Section), ClientOwned: m.ClientOwned, Kept: m.Kept, Unowned: m.Unowned, At: now}
+			}
+		}
 	}
 	if rejected != nil {
 		p.debug.lastRejected = rejected
@@ -222,6 +244,13 @@ func (d *debugLog) setDataPlane(digest, lastModified string) {
 	d.mu.Lock()
 	d.digest, d.lastModified = digest, lastModified
 	d.mu.Unlock()
+}
+
+func resMerges(res *rewrite.Result) []rewrite.MergeReport {
+	if res == nil {
+		return nil
+	}
+	return res.Merges
 }
 
 func debugSections(res *rewrite.Result) []DebugSection {
@@ -294,7 +323,11 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 		doc.RecentSyncs = append(doc.RecentSyncs, p.debug.ring[(p.debug.ringNext-p.debug.ringLen+i+recentSyncs)%recentSyncs])
 	}
 	kept, stateFile, reseed := p.debug.kept, p.debug.stateFile, p.debug.lastReseed
+	for _, m := range p.debug.merges {
+		doc.Merge = append(doc.Merge, m)
+	}
 	p.debug.mu.Unlock()
+	sort.Slice(doc.Merge, func(i, j int) bool { return doc.Merge[i].Section < doc.Merge[j].Section })
 
 	if s := p.serverVersion.Load(); s != nil {
 		doc.DataPlane.Server = *s

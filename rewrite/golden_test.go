@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"encoding/json"
 	"bytes"
 	"errors"
 	"flag"
@@ -22,6 +23,7 @@ var update = flag.Bool("update", false, "rewrite the want sections of testdata/r
 var goldenFiles = map[string]bool{
 	"state.json": true, "record.json": true, "request.json": true, "request.yaml": true,
 	"digest": true, "preserve": true, "want.json": true, "want.yaml": true, "want.report": true,
+	"merge": true, "owned.json": true,
 }
 
 // body returns a section without the one newline txtar adds.
@@ -132,7 +134,11 @@ func TestGolden(t *testing.T) {
 			if p, ok := body(a, "preserve"); ok {
 				preserve = strings.Split(strings.TrimSpace(string(p)), ",")
 			}
-			rw := New(preserve)
+			var merge []string
+			if m, ok := body(a, "merge"); ok {
+				merge = strings.Split(strings.TrimSpace(string(m)), ",")
+			}
+			rw := NewMerging(preserve, merge)
 			st := freshState()
 			if s, ok := body(a, "state.json"); ok {
 				if st, err = ParseState(s); err != nil {
@@ -153,6 +159,11 @@ func TestGolden(t *testing.T) {
 				}
 			}
 			in := Input{Body: req, State: st, Record: rec}
+			if o, ok := body(a, "owned.json"); ok {
+				if err := json.Unmarshal(o, &in.Owned); err != nil {
+					t.Fatalf("owned.json: %v", err)
+				}
+			}
 			if d, ok := body(a, "digest"); ok {
 				in.Digest, in.HasDigest = string(d), true
 			}

@@ -34,7 +34,7 @@ func NewMerging(preserve, merge []string) *Rewriter {
 // MergeReport is what merging did to one section.
 type MergeReport struct {
 	Section     string
-	ClientOwned int  // items the client sent
+	ClientOwned int  // ids the client owns (every id it has sent)
 	Kept        int  // items kept as the data plane holds them
 	Unowned     bool // no memory of ownership: items missing from the client's copy were kept
 }
@@ -181,6 +181,9 @@ func union(section string, client, dataPlane []byte, owned []string) (out []byte
 		kept++
 	}
 	out = append(out, ']')
+	// the client owns every id it has ever sent: one it dropped and an out-of-band
+	// writer created again is still the client's (deleted), never an out-of-band item
+	ids = append(ids, owned...)
 	slices.Sort(ids)
 	return out, slices.Compact(ids), kept, nil
 }

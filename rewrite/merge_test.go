@@ -1,0 +1,112 @@
+package rewrite
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"sort"
+	"testing"
+
+	"github.com/confshim/confshim/integration/emulator"
+)
+
+// TestMergePropertyAgainstTheEmulator drives random sequences of client snapshots and
+// out-of-band writes through the rewrite of a --merge section and the emulator: after
+// every accepted client sync, the data plane's section is exactly the client's latest
+// snapshot plus the out-of-band items whose ids the client never sent (contract §8.6).
+func TestMergePropertyAgainstTheEmulator(t *testing.T) {
+	const section = "secrets"
+	for seq := 0; seq < 60; seq++ {
+		rng := rand.New(rand.NewPCG(uint64(seq), 7))
+		rw := NewMerging(nil, []string{section})
+		em, _ := emulator.New(emulator.Options{})
+		srv := &propServer{t: t, em: em}
+		var record *Record
+		var owned Ownership
+		everSent := map[string]bool{}
+		oob := map[string]string{} // id → its content, as the out-of-band writer last wrote it
+		var clientVersion int
+		for step := 0; step < 25; step++ {
+			if rng.IntN(3) == 0 { // an out-of-band write: add or change one of its own ids
+				doc := em.Document()
+				if doc == nil {
+					doc = map[string]any{}
+				}
+				delete(doc, "X-Digest")
+				delete(doc, "X-Last-Modified")
+				id := fmt.Sprintf("oob/%d", rng.IntN(4))
+				if rng.IntN(4) == 0 {
+					id = fmt.Sprintf("c/%d", rng.IntN(5)) // an id the client may send too
+				}
+				content := fmt.Sprintf("oob-%d-%d", seq, step)
+				items, _ := doc[section].([]any)
+				items = slices.DeleteFunc(items, func(it any) bool { return it.(map[string]any)["id"] == id })
+				doc[section] = append(items, map[string]any{"id": id, "uri": "http://" + content})
+				v, _ := doc[section+"_conf_version"].(float64)
+				doc[section+"_conf_version"] = v + 1
+				body, _ := json.Marshal(doc)
+				if code, msg := srv.put(body); code != http.StatusAccepted {
+					t.Fatalf("seq %d step %d: out-of-band write %d %s", seq, step, code, msg)
+				}
+				if !everSent[id] {
+					oob[id] = content
+				}
+				continue
+			}
+			// a client snapshot: a random subset of its ids, sometimes changed
+			snapshot := []any{}
+			for i := 0; i < 5; i++ {
+				if rng.IntN(2) == 0 {
+					id := fmt.Sprintf("c/%d", i)
+					snapshot = append(snapshot, map[string]any{"id": id, "uri": fmt.Sprintf("http://client-%d", rng.IntN(2))})
+					everSent[id] = true
+					delete(oob, id) // it becomes the client's
+				}
+			}
+			clientVersion++ // ADC's clock; often below the data plane's after oob writes
+			req := map[string]any{section + "_conf_version": clientVersion, section: snapshot}
+			body, _ := json.Marshal(req)
+			st, err := ParseState(srv.get())
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := rw.Rewrite(Input{Body: body, Digest: "c", HasDigest: true, State: st, Record: record, Owned: owned})
+			if err != nil {
+				t.Fatalf("seq %d step %d: %v", seq, step, err)
+			}
+			if code, msg := srv.put(res.Body); code != http.StatusAccepted {
+				t.Fatalf("seq %d step %d: APISIX answered %d %s to %s", seq, step, code, msg, res.Body)
+			}
+			record, owned = res.Commit(false), res.Ownership(owned)
+			// the expectation: the snapshot, plus out-of-band items never sent by the client
+			want := map[string]string{}
+			for _, it := range snapshot {
+				m := it.(map[string]any)
+				want[m["id"].(string)] = m["uri"].(string)
+			}
+			for id, content := range oob {
+				want[id] = "http://" + content
+			}
+			got := map[string]string{}
+			items, _ := em.Document()[section].([]any)
+			for _, it := range items {
+				m := it.(map[string]any)
+				got[m["id"].(string)] = m["uri"].(string)
+			}
+			if fmt.Sprint(sortedMap(got)) != fmt.Sprint(sortedMap(want)) {
+				t.Fatalf("seq %d step %d: the data plane holds\n %v\nwant\n %v\nforwarded %s", seq, step, sortedMap(got), sortedMap(want), res.Body)
+			}
+		}
+	}
+}
+
+func sortedMap(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
