@@ -1,8 +1,8 @@
 package rewrite
 
 import (
-	"encoding/json"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
