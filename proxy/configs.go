@@ -267,13 +267,14 @@ func (pr *putRequest) forward() {
 }
 
 // connectionBroke: the PUT got no answer because the data plane's connection broke
-// (reset, closed), not because the client left or time ran out.
+// (reset, closed while idle, or another transport failure), not because the client left
+// or time ran out.
 func (pr *putRequest) connectionBroke(err error) bool {
 	if err == nil {
 		return false
 	}
 	kind, _ := classify(pr.r.Context(), err)
-	return kind == metrics.Reset
+	return kind == metrics.Reset || kind == metrics.OtherError
 }
 
 // send forwards one complete PUT. A decided body goes on the connection its state was
