@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -76,6 +77,38 @@ func TestAllowCIDRsNeverFailsOpen(t *testing.T) {
 	}
 	if o, err := parseOptions(nil, noEnv); err != nil || len(o.allowCIDRs) != 0 {
 		t.Fatalf("the default allows everyone: %v %v", o.allowCIDRs, err)
+	}
+}
+
+// TestFallbackFlag: off (the default) is accepted; backfill is refused with one line
+// naming the flag until it is built (it must never be accepted and silently ignored).
+func TestFallbackFlag(t *testing.T) {
+	if _, err := parseOptions([]string{"--fallback", "off"}, noEnv); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"backfill", "on", ""} {
+		if _, err := parseOptions([]string{"--fallback", v}, noEnv); err == nil || !strings.HasPrefix(err.Error(), "--fallback:") {
+			t.Errorf("--fallback %q: %v", v, err)
+		}
+	}
+}
+
+// TestMergeFlag: a merged section leaves the default --preserve list; naming it in both
+// explicitly, by flag or environment, is an error naming --merge.
+func TestMergeFlag(t *testing.T) {
+	o, err := parseOptions([]string{"--merge", "secrets,global_rules"}, noEnv)
+	if err != nil || slices.Contains(o.preserve, "secrets") || !slices.Contains(o.preserve, "plugins") || len(o.merge) != 2 {
+		t.Fatalf("preserve %v merge %v: %v", o.preserve, o.merge, err)
+	}
+	if _, err := parseOptions([]string{"--merge", "secrets", "--preserve", "secrets,plugins"}, noEnv); err == nil || !strings.HasPrefix(err.Error(), "--merge:") {
+		t.Fatalf("both flags: %v", err)
+	}
+	env := func(k string) (string, bool) { return "secrets", k == "CONFSHIM_PRESERVE" }
+	if _, err := parseOptions([]string{"--merge", "secrets"}, env); err == nil {
+		t.Fatal("CONFSHIM_PRESERVE naming a merged section was accepted")
+	}
+	if o, err := parseOptions([]string{"--merge", "a_future_section"}, noEnv); err != nil || o.merge[0] != "a_future_section" {
+		t.Fatalf("a future section: %v %v", o, err)
 	}
 }
 
