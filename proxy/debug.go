@@ -349,7 +349,7 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 					break
 				}
 				items := kept.Items[s]
-				doc.Kept.Sections = append(doc.Kept.Sections, DebugKeptItem{Section: rewrite.Clip(s), Version: kept.Versions[s], Items: countItems(items), Bytes: len(items)})
+				doc.Kept.Sections = append(doc.Kept.Sections, DebugKeptItem{Section: rewrite.Clip(s), Version: kept.Versions[s], Items: rewrite.CountItems(items), Bytes: len(items)})
 				doc.Kept.Bytes += len(items)
 			}
 		}
@@ -360,7 +360,7 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 		acc.Sections = slices.Clone(acc.Sections)
 		for i, s := range acc.Sections {
 			if _, ok := kept.Versions[s.Section]; ok && kept.Versions[s.Section] == s.Version {
-				n := countItems(kept.Items[s.Section])
+				n := rewrite.CountItems(kept.Items[s.Section])
 				acc.Sections[i].Items = &n
 			}
 		}
@@ -385,49 +385,4 @@ func credentialFreeURL(u *url.URL) string {
 	c := *u
 	c.User = nil
 	return c.String()
-}
-
-// countItems counts the elements of a JSON array without decoding it.
-func countItems(raw []byte) int {
-	depth, n, inString, escaped, seen := 0, 0, false, false, false
-	for _, c := range raw {
-		if inString {
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-			continue
-		}
-		switch c {
-		case '"':
-			inString = true
-			if depth == 1 {
-				seen = true
-			}
-		case '[', '{':
-			if depth == 1 {
-				seen = true
-			}
-			depth++
-		case ']', '}':
-			depth--
-		case ',':
-			if depth == 1 {
-				n++
-			}
-		case ' ', '\t', '\n', '\r':
-		default:
-			if depth == 1 {
-				seen = true
-			}
-		}
-	}
-	if !seen {
-		return 0
-	}
-	return n + 1
 }

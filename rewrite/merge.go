@@ -3,7 +3,6 @@ package rewrite
 import (
 	"encoding/json"
 	"fmt"
-	"hash/maphash"
 	"slices"
 )
 
@@ -115,6 +114,26 @@ func valueEnd(b []byte, i int) int {
 	return len(b)
 }
 
+// CountItems counts the elements of a JSON array without decoding it (0 for anything
+// else): for reports.
+func CountItems(raw []byte) int {
+	i := skipWS(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return 0
+	}
+	n := 0
+	for i = skipWS(raw, i+1); i < len(raw) && raw[i] != ']'; n++ {
+		end := valueEnd(raw, i)
+		if end <= i {
+			break
+		}
+		if i = skipWS(raw, end); i < len(raw) && raw[i] == ',' {
+			i = skipWS(raw, i+1)
+		}
+	}
+	return n
+}
+
 // itemID is an item's identity as APISIX keys it: tostring(id), or a consumer's
 // username; "" when it has neither.
 func itemID(section string, item []byte) string {
@@ -201,12 +220,7 @@ func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits
 	o = outcome{section: section, current: vS, dpKnows: dpKnows, recorded: true}
 	change = Change{Section: section, From: vR, FromAbsent: !present}
 	var client []byte
-	o.sum = maphash.Bytes(rw.seed, nil)
-	if ii >= 0 {
-		m := obj.members[ii]
-		client = p.body[m.valueStart:m.valueEnd]
-		o.sum = p.sums[ii]
-	}
+	client, o.sum = rw.itemsOf(p, ii)
 	owned, knows := in.Owned[section]
 	// The record vouches: the same client bytes as last time on the version that write
 	// produced, so the union is what the data plane holds (an out-of-band write would

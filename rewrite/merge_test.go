@@ -110,3 +110,13 @@ func sortedMap(m map[string]string) []string {
 	sort.Strings(out)
 	return out
 }
+
+func TestCountItems(t *testing.T) {
+	for raw, want := range map[string]int{
+		``: 0, `[]`: 0, ` [ ] `: 0, `{}`: 0, `[{"a":"],["}]`: 1, `[1, "x,y", [2,3], {"k":[4]}]`: 4, `[{"id":"r1"},{"id":"r2"}]`: 2,
+	} {
+		if got := CountItems([]byte(raw)); got != want {
+			t.Errorf("CountItems(%s) = %d, want %d", raw, got, want)
+		}
+	}
+}

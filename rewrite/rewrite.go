@@ -408,12 +408,7 @@ func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edit
 	}
 
 	var items []byte
-	o.sum = maphash.Bytes(rw.seed, nil)
-	if ii >= 0 {
-		m := obj.members[ii]
-		items = p.body[m.valueStart:m.valueEnd]
-		o.sum = p.sums[ii]
-	}
+	items, o.sum = rw.itemsOf(p, ii)
 	if present && vR == vS && ii < 0 {
 		// APISIX's own idiom for "keep this section" (and what a thin PUT sends).
 		o.applied = vS
@@ -463,6 +458,15 @@ func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edit
 	o.applied = change.To
 	e.setVersion(obj, vi, section, change.To)
 	return o, change, true, nil
+}
+
+// itemsOf is the client's items of member ii (nil when absent) and their hash.
+func (rw *Rewriter) itemsOf(p *Prepared, ii int) ([]byte, uint64) {
+	if ii < 0 {
+		return nil, maphash.Bytes(rw.seed, nil)
+	}
+	m := p.obj.members[ii]
+	return p.body[m.valueStart:m.valueEnd], p.sums[ii]
 }
 
 // equal reports whether the client's copy of section is the data plane's (§5.1's
