@@ -242,7 +242,6 @@ func (pr *putRequest) forward() {
 			p.upstreamFailed(pr.w, pr.r, err, "PUT "+ConfigsPath)
 			return
 		}
-		p.writes.Add(1)
 		if resp.StatusCode == http.StatusBadRequest && bytes.Contains(respBody, []byte(conflictMessage)) {
 			p.setState(nil, "", "") // something wrote in between: never trust the cache again
 			if res != nil && !conflictRetried {

@@ -91,7 +91,6 @@ type Proxy struct {
 	lastAnswer    atomic.Int64                   // unix nanos of the upstream's last HTTP answer
 	bufs          buffers                        // request and rewrite buffers
 	budget        *bodyBudget                    // request bodies buffered at once
-	writes        atomic.Uint64                  // configs PUTs forwarded: a probe from before another is stale
 	noHead        atomic.Bool                    // HEAD /apisix/admin/configs answered 404: APISIX 3.13
 	noValidate    atomic.Bool                    // POST /configs/validate answered 404 although Server said 3.15+
 	serverMinor   atomic.Int32                   // APISIX 3.<minor> from the Server header; 0 unknown

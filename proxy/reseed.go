@@ -121,7 +121,6 @@ func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Digest", digest)
 	resp, err := p.tr.decide.RoundTrip(req)
-	p.writes.Add(1)
 	p.setState(nil, "", "")
 	if err != nil {
 		p.m.Reseed(metrics.ReseedFailed)
