@@ -148,6 +148,11 @@ func itemID(section string, item []byte) string {
 	if len(raw) == 0 && section == "consumers" {
 		raw = v.Username
 	}
+	return idText(raw)
+}
+
+// idText is an id's tostring: a string's value, a number's JSON text; "" for none.
+func idText(raw json.RawMessage) string {
 	if len(raw) == 0 || string(raw) == "null" {
 		return ""
 	}
@@ -155,7 +160,7 @@ func itemID(section string, item []byte) string {
 	if json.Unmarshal(raw, &s) == nil {
 		return s
 	}
-	return string(raw) // a number: its JSON text is tostring's
+	return string(raw)
 }
 
 // union builds the merged section: the client's items, then the data plane's items the

@@ -1,0 +1,131 @@
+package rewrite
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Backfill (contract §8.5): an item APISIX rejects is replaced by the copy of the same id
+// the data plane last accepted, or left out; every other byte goes to APISIX as the
+// client sent it. The splice works inside a section, item by item.
+
+// Item is one element of a section's JSON array.
+type Item struct {
+	Raw []byte
+	ID  string // tostring(id), or a consumer's username; "" when it has none
+}
+
+// SplitItems cuts a section's JSON array into its items, in order (nil for an absent
+// value or an object, which APISIX reads as no items).
+func SplitItems(section string, raw []byte) ([]Item, error) {
+	items, err := splitItems(section, raw)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Item, len(items))
+	for i, it := range items {
+		out[i] = Item{Raw: it.raw, ID: it.id}
+	}
+	return out, nil
+}
+
+// Splice is one corrected body: per section, what happens to the item at an index of
+// the body's array (a replacement, or nil to leave it out), and sections whose version
+// is to be set.
+type Splice struct {
+	Items    map[string]map[int][]byte
+	Versions map[string]float64
+}
+
+// Hold records that the item at index of section is replaced by with (nil: left out).
+func (s *Splice) Hold(section string, index int, with []byte) {
+	if s.Items == nil {
+		s.Items = map[string]map[int][]byte{}
+	}
+	if s.Items[section] == nil {
+		s.Items[section] = map[int][]byte{}
+	}
+	s.Items[section][index] = with
+}
+
+// Held reports whether section's item at index is held back.
+func (s *Splice) Held(section string, index int) bool {
+	_, ok := s.Items[section][index]
+	return ok
+}
+
+// Apply writes body with the splice applied: only the held items and the set versions
+// differ from body's bytes. body must be a JSON object (YAML is never backfilled).
+func (s *Splice) Apply(body []byte) ([]byte, error) {
+	obj, err := scanObject(body, make([]member, 0, 32))
+	if err != nil {
+		return nil, fmt.Errorf("backfill: %w", err)
+	}
+	if err := obj.index(); err != nil {
+		return nil, err
+	}
+	e := edits{newValue: make([][]byte, len(obj.members)), drop: make([]bool, len(obj.members))}
+	sections := make([]string, 0, len(s.Items))
+	for section := range s.Items {
+		sections = append(sections, section)
+	}
+	slices.Sort(sections)
+	for _, section := range sections {
+		sl := obj.slot(section)
+		if sl.items < 0 {
+			return nil, errors.New("backfill: " + clip(section) + " has no items in the body")
+		}
+		m := obj.members[sl.items]
+		items, err := splitItems(section, body[m.valueStart:m.valueEnd])
+		if err != nil {
+			return nil, err
+		}
+		out := make([]byte, 0, m.valueEnd-m.valueStart)
+		out = append(out, '[')
+		for i, it := range items {
+			raw := it.raw
+			if with, held := s.Items[section][i]; held {
+				if with == nil {
+					continue
+				}
+				raw = with
+			}
+			if len(out) > 1 {
+				out = append(out, ',')
+			}
+			out = append(out, raw...)
+		}
+		e.newValue[sl.items] = append(out, ']')
+	}
+	for section, v := range s.Versions {
+		e.setVersion(&obj, obj.slot(section).version, section, v)
+	}
+	slices.SortFunc(e.inserts, func(a, b insert) int { return strings.Compare(string(a.name), string(b.name)) })
+	return e.apply(nil, body, &obj), nil
+}
+
+// Reference is an item's reference by id to an item of another section.
+type Reference struct{ Section, ID string }
+
+// referenceFields are the references APISIX resolves by id (not checked on a PUT).
+var referenceFields = []struct{ field, section string }{
+	{"service_id", "services"}, {"upstream_id", "upstreams"}, {"plugin_config_id", "plugin_configs"}, {"group_id", "consumer_groups"},
+}
+
+// References lists an item's references by id.
+func References(item []byte) []Reference {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(item, &fields) != nil {
+		return nil
+	}
+	var out []Reference
+	for _, f := range referenceFields {
+		if id := idText(fields[f.field]); id != "" {
+			out = append(out, Reference{Section: f.section, ID: id})
+		}
+	}
+	return out
+}
