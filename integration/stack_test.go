@@ -130,6 +130,7 @@ type stackOptions struct {
 	// merge is --merge; preserve, when set, replaces the default --preserve
 	merge    []string
 	preserve []string
+	fallback bool // --fallback backfill
 }
 
 func newStack(t testing.TB, o stackOptions) *stack {
@@ -164,6 +165,7 @@ func (s *stack) startProxy(t testing.TB) {
 		Upstream:            s.dpURL,
 		Preserve:            s.preserveList(),
 		Merge:               s.opts.merge,
+		Fallback:            s.opts.fallback,
 		MaxBodyBytes:        64 << 20,
 		UpstreamTimeout:     s.timeout,
 		AdminKey:            s.opts.adminKey,

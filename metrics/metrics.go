@@ -27,6 +27,8 @@ type Metrics struct {
 	ThinnedBytes      prometheus.Counter
 	Reseeds           *prometheus.CounterVec
 	ReseedDuration    prometheus.Histogram
+	FallbackPuts      *prometheus.CounterVec
+	HeldBackItems     *prometheus.GaugeVec
 }
 
 // Label values are typed, so that a typo is a compile error, not a new series.
@@ -85,6 +87,19 @@ const (
 
 // ReseedResults are the values of confshim_reseeds_total{result}.
 var ReseedResults = []ReseedResult{ReseedRestored, ReseedFailed, ReseedSkipped}
+
+// FallbackResult is a value of confshim_fallback_puts_total{result} (contract §8.5).
+type FallbackResult string
+
+// What one fallback came to.
+const (
+	FallbackApplied     FallbackResult = "applied"     // the corrected PUT was accepted
+	FallbackRejected    FallbackResult = "rejected"    // APISIX rejected the corrected PUT too
+	FallbackUnavailable FallbackResult = "unavailable" // APISIX could not say which items (validate failed)
+)
+
+// FallbackResults are the values of confshim_fallback_puts_total{result}.
+var FallbackResults = []FallbackResult{FallbackApplied, FallbackRejected, FallbackUnavailable}
 
 // Route is a value of the route label.
 type Route string
@@ -154,6 +169,10 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			"Bytes of unchanged sections' items left out of forwarded configs PUTs (APISIX does not re-validate them)."),
 		Reseeds: counterVec("reseeds_total",
 			"Re-seeds of a data plane found empty, by result (restored, failed, skipped).", "result"),
+		FallbackPuts: counterVec("fallback_puts_total",
+			"Configs PUTs corrected after APISIX rejected an item (--fallback backfill), by result (applied, rejected, unavailable).", "result"),
+		HeldBackItems: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "held_back_items",
+			Help: "Items held back (backfilled or left out) in the last accepted sync, by section."}, []string{"section"}),
 		ReseedDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: ns, Name: "reseed_duration_seconds",
 			Help:    "Time from finding the data plane empty to its configuration restored.",
@@ -167,7 +186,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Requests, m.SectionRewrites, m.ConflictRetries, m.UpstreamErrors,
 		m.ClientDisconnects, m.RequestDuration, m.RewriteDuration, m.Untouched, m.Refused,
-		m.NoopPuts, m.ThinnedBytes, m.Reseeds, m.ReseedDuration, buildInfo,
+		m.NoopPuts, m.ThinnedBytes, m.Reseeds, m.ReseedDuration, m.FallbackPuts, m.HeldBackItems, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, k := range UpstreamErrorKinds {
 		m.UpstreamErrors.WithLabelValues(string(k))
@@ -180,6 +199,12 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	}
 	for _, r := range ReseedResults {
 		m.Reseeds.WithLabelValues(string(r))
+	}
+	for _, r := range FallbackResults {
+		m.FallbackPuts.WithLabelValues(string(r))
+	}
+	for _, s := range rewrite.KnownSections {
+		m.HeldBackItems.WithLabelValues(s)
 	}
 	for _, s := range append(slices.Clone(rewrite.KnownSections), "other") {
 		for _, a := range rewrite.AllActions {

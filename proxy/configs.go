@@ -252,15 +252,35 @@ func (pr *putRequest) forward() {
 				continue
 			}
 		}
+		var fb *fallbackResult
+		if resp.StatusCode == http.StatusBadRequest {
+			if fb = pr.tryFallback(out, res, resp, respBody); fb != nil {
+				resp.Body.Close() // the corrected PUT's answer is the client's (§8.5)
+				resp, respBody, out = fb.resp, fb.respBody, fb.out
+			}
+		}
 		pr.res, pr.bytesOut, pr.answeredByAPISIX = res, len(out.body), true
 		pr.forwardedDigest = pr.in.Digest
 		if out.setDigest {
 			pr.forwardedDigest = out.digest
 		}
+		prepared := pr.prepared
+		if fb != nil {
+			prepared = fb.prepared // what APISIX took is the corrected body
+		}
 		p.count(res, out, resp)
-		p.keep.afterPut(resp, res, pr.prepared, pr.creds, &p.dp) // before remember: it reads the state the PUT was decided on
+		p.keep.afterPut(resp, res, prepared, pr.creds, &p.dp) // before remember: it reads the state the PUT was decided on
 		p.remember(resp, res, out)
-		p.respond(pr.w, resp, respBody, res)
+		if resp.StatusCode/100 == 2 {
+			var held []heldItem
+			if fb != nil {
+				held = fb.held
+				// the data plane holds the corrected copy of these, not the client's
+				p.dp.record = p.dp.record.Without(backfilledSections(held))
+			}
+			p.noteHeld(held)
+		}
+		p.respond(pr.w, resp, respBody, res, fb)
 		return
 	}
 }
@@ -791,7 +811,7 @@ func (p *Proxy) noteMerges(res *rewrite.Result) {
 
 // respond writes APISIX's answer, plus X-Confshim-Actions when sections were rewritten
 // (never on APISIX's refusal of the caller: that would tell a stranger the decision).
-func (p *Proxy) respond(w http.ResponseWriter, resp *http.Response, head []byte, res *rewrite.Result) {
+func (p *Proxy) respond(w http.ResponseWriter, resp *http.Response, head []byte, res *rewrite.Result, fb *fallbackResult) {
 	defer resp.Body.Close()
 	h := w.Header()
 	for k, v := range resp.Header {
@@ -799,7 +819,11 @@ func (p *Proxy) respond(w http.ResponseWriter, resp *http.Response, head []byte,
 	}
 	removeHopHeaders(h)
 	refused := resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden
-	if res != nil && len(res.Changes) > 0 && !refused {
+	switch {
+	case refused:
+	case fb != nil:
+		h.Set("X-Confshim-Actions", actionsWithBackfill(res, fb.held))
+	case res != nil && len(res.Changes) > 0:
 		h.Set("X-Confshim-Actions", res.Actions())
 	}
 	w.WriteHeader(resp.StatusCode)

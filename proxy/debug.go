@@ -38,6 +38,18 @@ type DebugConfig struct {
 	// Merge is the ownership of each --merge section as the last sync that merged it left
 	// it (§8.6); absent without --merge.
 	Merge []DebugMerge `json:"merge,omitempty"`
+	// HeldBack are the items held back in the last accepted sync (§8.5); absent without
+	// --fallback backfill.
+	HeldBack []DebugHeld `json:"held_back,omitempty"`
+}
+
+// DebugHeld is one item held back: replaced by its accepted copy (backfilled) or left out.
+type DebugHeld struct {
+	Section string    `json:"section"`
+	ID      string    `json:"id"`
+	Error   string    `json:"error"`
+	Since   time.Time `json:"since"`
+	Outcome string    `json:"outcome"`
 }
 
 // DebugMerge is one merged section: how many ids the client owns, how many items were
@@ -148,6 +160,7 @@ type debugLog struct {
 	ringNext     int
 	kept         *keptConfig
 	merges       map[string]DebugMerge
+	held         []DebugHeld
 	stateFile    DebugStateFile
 	lastReseed   *DebugReseed
 	lastStatus   int
@@ -239,6 +252,24 @@ func (p *Proxy) recordSync(r syncRecord) {
 	p.debug.ringLen = min(p.debug.ringLen+1, recentSyncs)
 }
 
+// setHeld records the items held back in the last accepted sync.
+func (d *debugLog) setHeld(held []heldItem) {
+	list := make([]DebugHeld, 0, min(len(held), maxDebugSections))
+	for i, h := range held {
+		if i == maxDebugSections {
+			break
+		}
+		outcome := "left_out"
+		if h.Backfilled {
+			outcome = "backfilled"
+		}
+		list = append(list, DebugHeld{Section: rewrite.Clip(h.Section), ID: rewrite.Clip(h.ID), Error: h.Error, Since: h.Since, Outcome: outcome})
+	}
+	d.mu.Lock()
+	d.held = list
+	d.mu.Unlock()
+}
+
 // setDataPlane records the digest and X-Last-Modified of the data plane's last known state.
 func (d *debugLog) setDataPlane(digest, lastModified string) {
 	d.mu.Lock()
@@ -326,6 +357,7 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 	for _, m := range p.debug.merges {
 		doc.Merge = append(doc.Merge, m)
 	}
+	doc.HeldBack = slices.Clone(p.debug.held)
 	p.debug.mu.Unlock()
 	sort.Slice(doc.Merge, func(i, j int) bool { return doc.Merge[i].Section < doc.Merge[j].Section })
 

@@ -32,7 +32,11 @@ const (
 )
 
 // AllActions lists every action, for metrics that start at zero.
-var AllActions = []Action{Raised, Bumped, Preserved, Settled, Merged}
+var AllActions = []Action{Raised, Bumped, Preserved, Settled, Merged, Backfilled}
+
+// Backfilled is the word for a section with an item held back (§8.5): replaced by the
+// copy the data plane last accepted, or left out.
+const Backfilled Action = "backfilled"
 
 // Change is one section that the rewrite changed.
 type Change struct {
@@ -95,6 +99,21 @@ type recordEntry struct {
 	fp      uint64 // semantic fingerprint of the section's content (when fpKnown)
 	fpKnown bool
 	version float64
+}
+
+// Without returns the record with sections forgotten (their content on the data plane
+// is not the client's: a backfilled section, §8.5).
+func (r *Record) Without(sections []string) *Record {
+	if r == nil || len(sections) == 0 {
+		return r
+	}
+	next := &Record{entries: make(map[string]recordEntry, len(r.entries))}
+	for s, e := range r.entries {
+		if !slices.Contains(sections, s) {
+			next.entries[s] = e
+		}
+	}
+	return next
 }
 
 func (r *Record) entry(section string) (recordEntry, bool) {
@@ -626,6 +645,9 @@ func (r *Result) Outcomes() []SectionOutcome {
 	}
 	return out
 }
+
+// IsJSON reports whether the body is JSON (not YAML).
+func (p *Prepared) IsJSON() bool { return !p.yaml }
 
 // JSONItems returns a section's items as the client's JSON body holds them (nil when
 // the body has none); false for a YAML body, whose items are not JSON.

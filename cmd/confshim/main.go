@@ -66,6 +66,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		Upstream:                   opts.upstream,
 		Preserve:                   opts.preserve,
 		Merge:                      opts.merge,
+		Fallback:                   opts.fallback,
 		MaxBodyBytes:               opts.maxBodyBytes,
 		BodyBudgetBytes:            opts.bodyBudgetBytes,
 		ReadyWindow:                readyWindow,

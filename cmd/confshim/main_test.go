@@ -80,13 +80,15 @@ func TestAllowCIDRsNeverFailsOpen(t *testing.T) {
 	}
 }
 
-// TestFallbackFlag: off (the default) is accepted; backfill is refused with one line
-// naming the flag until it is built (it must never be accepted and silently ignored).
+// TestFallbackFlag: off (the default) and backfill; anything else names the flag.
 func TestFallbackFlag(t *testing.T) {
-	if _, err := parseOptions([]string{"--fallback", "off"}, noEnv); err != nil {
+	if o, err := parseOptions([]string{"--fallback", "off"}, noEnv); err != nil || o.fallback {
 		t.Fatal(err)
 	}
-	for _, v := range []string{"backfill", "on", ""} {
+	if o, err := parseOptions([]string{"--fallback", "backfill"}, noEnv); err != nil || !o.fallback {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"on", "", "Backfill"} {
 		if _, err := parseOptions([]string{"--fallback", v}, noEnv); err == nil || !strings.HasPrefix(err.Error(), "--fallback:") {
 			t.Errorf("--fallback %q: %v", v, err)
 		}

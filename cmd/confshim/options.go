@@ -28,6 +28,7 @@ type options struct {
 	listen, upstream, metricsListen string
 	preserve                        []string
 	merge                           []string
+	fallback                        bool
 	maxBodyBytes                    int64
 	bodyBudgetBytes                 int64
 	reseedInterval                  time.Duration
@@ -66,7 +67,7 @@ var flagSpecs = []flagSpec{
 	{"upstream", "http://127.0.0.1:9180", "APISIX Admin API base URL (http or https)", false},
 	{"metrics-listen", ":9281", "address serving /metrics, /healthz, /readyz and /debug/config (never the proxied API)", false},
 	{"preserve", strings.Join(rewrite.DefaultPreserve, ","), "comma-separated sections owned by out-of-band writers; APISIX keeps what it holds for them (empty: none)", false},
-	{"fallback", "off", "off: an item APISIX rejects fails the sync as APISIX answers it (contract §8.5's backfill is not in this build yet)", false},
+	{"fallback", "off", "backfill: an item APISIX rejects is replaced by the copy the data plane last accepted, or left out, and the rest of the sync is applied; off: APISIX's rejection is the client's", false},
 	{"merge", "", "comma-separated sections shared item by item with out-of-band writers (e.g. global_rules,secrets): the client's items follow its snapshot, items it never sent are kept; a section named here leaves the default --preserve list, naming it in both is an error", false},
 	{"max-body-bytes", "67108864", "largest request body accepted; larger ones get 413", false},
 	{"body-budget-bytes", "0", "request bodies buffered at once, all connections together (0: 4 × --max-body-bytes); past it a body waits up to 10s, then gets 503", false},
@@ -166,7 +167,7 @@ func parseOptions(args []string, lookupEnv func(string) (string, bool)) (*option
 	switch v := get("fallback"); v {
 	case "off":
 	case "backfill":
-		bad("fallback", "backfill is not implemented in this build (issue 19); off is the only value")
+		o.fallback = true
 	default:
 		bad("fallback", "%q is not off or backfill", v)
 	}

@@ -1,0 +1,166 @@
+package integration
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/confshim/confshim/integration/adcclient"
+)
+
+// Contract §8.5, --fallback backfill: one item APISIX rejects never blocks the rest.
+
+func route(id, uri string, plugins map[string]any) map[string]any {
+	r := map[string]any{"id": id, "uris": []any{uri}, "service_id": "svc1"}
+	if plugins != nil {
+		r["plugins"] = plugins
+	}
+	return r
+}
+
+var unknownPlugin = map[string]any{"nope": map[string]any{}}
+
+func withRoutes(routes ...map[string]any) adcclient.Config {
+	cfg := config("v1")
+	cfg["routes"] = routes
+	return cfg
+}
+
+func TestFallbackBackfillsAChangedRouteAndAppliesTheRest(t *testing.T) {
+	s := newStack(t, stackOptions{fallback: true})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil))))
+	cfg := withRoutes(route("r1", "/changed", unknownPlugin), route("r2", "/new", nil))
+	cfg["upstreams"][0]["nodes"] = []any{map[string]any{"host": "10.244.0.99", "port": 80, "weight": 100}}
+	res := sync1(t, c, cfg)
+	mustLand(t, res)
+	mustContain(t, res.Header.Get("X-Confshim-Actions"), "routes=backfilled")
+	routes := s.items(t, "routes")
+	mustContain(t, routes, `"/old"`) // r1 keeps its accepted copy
+	mustContain(t, routes, `"/new"`) // r2 lands
+	if strings.Contains(routes, "nope") {
+		t.Fatalf("the rejected copy reached the data plane: %s", routes)
+	}
+	mustContain(t, s.items(t, "upstreams"), "10.244.0.99") // the changed upstream lands too
+	if got := counter(s.metrics.HeldBackItems.WithLabelValues("routes")); got != 1 {
+		t.Fatalf("held_back_items{routes} = %v", got)
+	}
+	if got := counter(s.metrics.FallbackPuts.WithLabelValues("applied")); got != 1 {
+		t.Fatalf("fallback_puts_total{applied} = %v", got)
+	}
+	held := s.proxy.DebugConfig().HeldBack
+	if len(held) != 1 || held[0].ID != "r1" || held[0].Outcome != "backfilled" || !strings.Contains(held[0].Error, "unknown plugin [nope]") {
+		t.Fatalf("/debug/config held_back: %+v", held)
+	}
+	mustContain(t, s.logs.String(), `"event":"held_back"`)
+}
+
+func TestFallbackLeavesOutANewBadServiceAndTheRouteUsingIt(t *testing.T) {
+	s := newStack(t, stackOptions{fallback: true})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, config("v1")))
+	cfg := config("v1")
+	cfg["services"] = append(cfg["services"], map[string]any{"id": "bad-svc", "plugins": unknownPlugin})
+	bad := route("r-bad", "/bad", nil)
+	bad["service_id"] = "bad-svc"
+	cfg["routes"] = append(cfg["routes"], bad, route("r-good", "/good", nil))
+	mustLand(t, sync1(t, c, cfg))
+	if svc := s.items(t, "services"); strings.Contains(svc, "bad-svc") {
+		t.Fatalf("the bad service landed: %s", svc)
+	}
+	routes := s.items(t, "routes")
+	if strings.Contains(routes, "r-bad") || !strings.Contains(routes, "r-good") {
+		t.Fatalf("routes %s: want r-good without r-bad (it refers to the left-out service)", routes)
+	}
+}
+
+// validateCounter counts validate calls that carry items (not the probe's empty {}).
+func validateCounter(n *atomic.Int32) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasSuffix(r.URL.Path, "/validate") && r.ContentLength > 2 {
+				n.Add(1)
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+func TestFallbackOffLeavesAPISIXsAnswer(t *testing.T) {
+	var validates atomic.Int32
+	s := newStack(t, stackOptions{wrap: validateCounter(&validates)})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil))))
+	res := sync1(t, c, withRoutes(route("r1", "/changed", unknownPlugin)))
+	if res.Status != http.StatusBadRequest || !strings.Contains(string(res.Body), "unknown plugin [nope]") {
+		t.Fatalf("with --fallback off: %d %s, want APISIX's 400", res.Status, res.Body)
+	}
+	if validates.Load() != 0 {
+		t.Fatal("validate was called with --fallback off")
+	}
+}
+
+func TestFallbackFailsSafeWhenValidateFails(t *testing.T) {
+	var puts atomic.Int32
+	s := newStack(t, stackOptions{fallback: true, wrap: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasSuffix(r.URL.Path, "/validate") && r.ContentLength > 2 {
+				http.Error(w, "boom", http.StatusInternalServerError)
+				return
+			}
+			if r.Method == http.MethodPut {
+				puts.Add(1)
+			}
+			next.ServeHTTP(w, r)
+		})
+	}})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil))))
+	before := puts.Load()
+	res := sync1(t, c, withRoutes(route("r1", "/changed", unknownPlugin)))
+	if res.Status != http.StatusBadRequest || !strings.Contains(string(res.Body), "unknown plugin [nope]") {
+		t.Fatalf("%d %s, want APISIX's first answer", res.Status, res.Body)
+	}
+	if n := puts.Load() - before; n != 1 {
+		t.Fatalf("%d PUTs reached the data plane, want the one (no corrected PUT without validate)", n)
+	}
+	if got := counter(s.metrics.FallbackPuts.WithLabelValues("unavailable")); got != 1 {
+		t.Fatalf("fallback_puts_total{unavailable} = %v", got)
+	}
+}
+
+func TestFallbackOnAPISIX314UsesThePutsMessage(t *testing.T) {
+	s := newStack(t, stackOptions{fallback: true, version: "3.14.1"})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil), route("r2", "/two", nil))))
+	res := sync1(t, c, withRoutes(route("r1", "/changed", unknownPlugin), route("r2", "/two", unknownPlugin), route("r3", "/three", nil)))
+	mustLand(t, res)
+	routes := s.items(t, "routes")
+	if !strings.Contains(routes, `"/old"`) || !strings.Contains(routes, `"/two"`) || !strings.Contains(routes, `"/three"`) || strings.Contains(routes, "nope") {
+		t.Fatalf("routes %s", routes)
+	}
+}
+
+func TestFallbackOverTheValidateCap(t *testing.T) {
+	s := newStack(t, stackOptions{fallback: true})
+	c := s.client(true)
+	var routes []map[string]any
+	for i := 0; i < 3000; i++ {
+		r := route(fmt.Sprintf("r%d", i), fmt.Sprintf("/r%d", i), nil)
+		r["desc"] = strings.Repeat("x", 600) // 3,000 routes: about 2 MiB, over the 1.5 MiB cap
+		routes = append(routes, r)
+	}
+	mustLand(t, sync1(t, c, withRoutes(routes...)))
+	routes[2500] = route("r2500", "/changed", unknownPlugin)
+	routes = append(routes, route("r-new", "/new", nil))
+	mustLand(t, sync1(t, c, withRoutes(routes...)))
+	got := s.items(t, "routes")
+	if !strings.Contains(got, `"/r2500"`) || strings.Contains(got, "nope") || !strings.Contains(got, `"/new"`) {
+		t.Fatal("the bad route was not backfilled in a section over the validate cap")
+	}
+	if s.em.Costs().Validates < 2 {
+		t.Fatalf("%d validate calls: the section must be split under the cap", s.em.Costs().Validates)
+	}
+}

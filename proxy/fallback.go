@@ -1,0 +1,418 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/confshim/confshim/metrics"
+	"github.com/confshim/confshim/rewrite"
+)
+
+// Fallback (contract §8.5, --fallback backfill): APISIX applies a PUT all or nothing, so
+// one item it rejects would fail every sync. When APISIX answers a forwarded PUT 400 for
+// an item, confshim asks it which items it rejects (POST /configs/validate, or on 3.13
+// and 3.14 the PUT's own "invalid <key> at index <i>" message), replaces each by the copy
+// of the same id the data plane last accepted or leaves it out (and any item of the PUT
+// that refers to one left out), and forwards the corrected PUT once. If anything in
+// that fails, the client gets APISIX's first answer unchanged.
+
+// maxValidateBody is APISIX 3.17's cap on a validate body (spec §4.4), less a margin
+// for the envelope.
+const maxValidateBody = 1572864 - 1024
+
+// maxPrefixRounds bounds the rounds on 3.13/3.14, one held item per round.
+const maxPrefixRounds = 8
+
+var prefixMessage = regexp.MustCompile(`^invalid (\S+) at index (\d+), err: `)
+
+// heldItem is one item held back, for the log, the metrics and /debug/config.
+type heldItem struct {
+	Section, ID string
+	Error       string
+	Since       time.Time
+	Backfilled  bool // replaced by its accepted copy; false: left out
+}
+
+// rejected is one item APISIX rejects.
+type rejected struct {
+	section string
+	index   int
+	err     string
+}
+
+// itemLevel: a 400 about an item, not about the request or a version.
+func itemLevel(body []byte) bool {
+	msg := errorMessage(body)
+	switch {
+	case msg == "", msg == "missing digest header", strings.HasPrefix(msg, "invalid request body"),
+		strings.Contains(msg, "_conf_version must be"):
+		return false
+	}
+	return true
+}
+
+// fallbackResult is the corrected PUT that APISIX accepted.
+type fallbackResult struct {
+	resp     *http.Response
+	respBody []byte
+	out      outgoingPut
+	prepared *rewrite.Prepared // the corrected body, for the kept configuration
+	held     []heldItem
+	done     <-chan struct{}
+}
+
+// tryFallback is called after APISIX answered a decided PUT 400; nil means the client
+// gets that first answer.
+func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, resp *http.Response, respBody []byte) *fallbackResult {
+	p := pr.p
+	if !p.cfg.Fallback || res == nil || pr.prepared == nil || !pr.prepared.IsJSON() || !itemLevel(respBody) {
+		return nil
+	}
+	ctx := pr.r.Context()
+	body := out.body
+	var splice rewrite.Splice
+	var held []heldItem
+	for round := 0; ; round++ {
+		var found []rejected
+		var ok bool
+		if round == 0 && p.hasValidate() {
+			found, ok = pr.validateItems(ctx, body)
+		} else if m := prefixMessage.FindStringSubmatch(errorMessage(respBody)); m != nil && !p.hasValidate() && round < maxPrefixRounds {
+			i, _ := strconv.Atoi(m[2])
+			found, ok = []rejected{{section: m[1], index: i, err: strings.TrimPrefix(errorMessage(respBody), m[0])}}, true
+		}
+		if !ok || len(found) == 0 {
+			if round == 0 {
+				p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackUnavailable)).Inc()
+				p.log.Info().Str("event", "fallback").Str("result", "unavailable").Msg("APISIX rejected an item but did not say which one; its answer goes to the client")
+			} else {
+				p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackRejected)).Inc()
+			}
+			return nil
+		}
+		if round > 0 { // APISIX counted in the corrected body: find the client's index
+			for i := range found {
+				found[i].index = originalIndex(&splice, found[i].section, found[i].index)
+			}
+		}
+		more, err := pr.hold(ctx, out.body, &splice, found)
+		if err != nil {
+			return nil
+		}
+		held = append(held, more...)
+		corrected, err := splice.Apply(out.body)
+		if err != nil {
+			return nil
+		}
+		next := outgoingPut{body: corrected, digest: out.digest, setDigest: out.setDigest}
+		if pr.in.HasDigest {
+			base := out.digest
+			if !out.setDigest {
+				base = pr.in.Digest
+			}
+			next.digest, next.setDigest = base+"+backfill:"+heldHash(held), true
+		}
+		r2, b2, done, err := p.forwardPut(noRedial(ctx), p.tr.decide, pr.r, next)
+		pr.sent = append(pr.sent, done)
+		if err != nil {
+			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackUnavailable)).Inc()
+			return nil
+		}
+		if r2.StatusCode/100 == 2 {
+			prepared, err := p.rw.Prepare(corrected)
+			if err != nil {
+				r2.Body.Close()
+				return nil
+			}
+			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackApplied)).Inc()
+			return &fallbackResult{resp: r2, respBody: b2, out: next, prepared: prepared, held: held, done: done}
+		}
+		r2.Body.Close()
+		if r2.StatusCode != http.StatusBadRequest || p.hasValidate() || !itemLevel(b2) {
+			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackRejected)).Inc()
+			p.log.Info().Str("event", "fallback").Str("result", "rejected").Int("status", r2.StatusCode).Str("error", errorMessage(b2)).
+				Msg("APISIX rejected the corrected PUT too; its first answer goes to the client")
+			return nil
+		}
+		respBody, body = b2, corrected // 3.13/3.14: the next round names the next item
+	}
+}
+
+// validateItems asks APISIX which items of the sections the PUT carries it rejects,
+// in pieces under its 1.5 MiB cap; false when it could not say.
+func (pr *putRequest) validateItems(ctx context.Context, body []byte) ([]rejected, bool) {
+	prepared, err := pr.p.rw.Prepare(body)
+	if err != nil {
+		return nil, false
+	}
+	var found []rejected
+	for _, section := range prepared.Sections(1 << 10) {
+		raw, _ := prepared.JSONItems(section)
+		items, err := rewrite.SplitItems(section, raw)
+		if err != nil || len(items) == 0 {
+			continue
+		}
+		for start := 0; start < len(items); {
+			end, size := start, 0
+			for end < len(items) && (end == start || size+len(items[end].Raw)+1 <= maxValidateBody-len(section)-8) {
+				size += len(items[end].Raw) + 1
+				end++
+			}
+			if size > maxValidateBody-len(section)-8 { // one item over the cap: rejected as it is
+				found = append(found, rejected{section: section, index: start, err: "the item alone is over APISIX's 1.5 MiB validate cap"})
+				start = end
+				continue
+			}
+			errs, ok := pr.validateChunk(ctx, section, items[start:end])
+			if !ok {
+				return nil, false
+			}
+			for _, e := range errs {
+				e.index += start
+				found = append(found, e)
+			}
+			start = end
+		}
+	}
+	return found, true
+}
+
+// validateChunk is one POST /configs/validate of some items of one section.
+func (pr *putRequest) validateChunk(ctx context.Context, section string, items []rewrite.Item) ([]rejected, bool) {
+	p := pr.p
+	var b bytes.Buffer
+	name, _ := json.Marshal(section)
+	b.WriteByte('{')
+	b.Write(name)
+	b.WriteString(":[")
+	for i, it := range items {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.Write(it.Raw)
+	}
+	b.WriteString("]}")
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.UpstreamTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.upstreamURL(ConfigsPath+"/validate", pr.creds.rawQuery), &b)
+	if err != nil {
+		return nil, false
+	}
+	req.Header.Set("Content-Type", "application/json")
+	pr.creds.apply(req)
+	resp, err := p.tr.shared.RoundTrip(req)
+	if err != nil {
+		return nil, false
+	}
+	defer resp.Body.Close()
+	p.noteAnswer(resp)
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	switch {
+	case err != nil:
+		return nil, false
+	case resp.StatusCode == http.StatusOK:
+		return nil, true
+	case resp.StatusCode != http.StatusBadRequest:
+		return nil, false
+	}
+	var v struct {
+		Errors []struct {
+			ResourceType string `json:"resource_type"`
+			Index        *int   `json:"index"`
+			Error        string `json:"error"`
+		} `json:"errors"`
+	}
+	if json.Unmarshal(answer, &v) != nil || len(v.Errors) == 0 {
+		return nil, false
+	}
+	var out []rejected
+	for _, e := range v.Errors {
+		if e.ResourceType != section || e.Index == nil || *e.Index < 0 || *e.Index >= len(items) {
+			return nil, false // not about an item: nothing to hold back
+		}
+		out = append(out, rejected{section: section, index: *e.Index, err: e.Error})
+	}
+	return out, true
+}
+
+// hold adds the rejected items to the splice: each replaced by the copy of the same id
+// the data plane last accepted, or left out; then, to a fixed point, every item of the
+// PUT that refers by id to an item left out.
+func (pr *putRequest) hold(ctx context.Context, body []byte, splice *rewrite.Splice, found []rejected) ([]heldItem, error) {
+	prepared, err := pr.p.rw.Prepare(body)
+	if err != nil {
+		return nil, err
+	}
+	sections := map[string][]rewrite.Item{}
+	itemsOf := func(section string) []rewrite.Item {
+		if items, ok := sections[section]; ok {
+			return items
+		}
+		raw, _ := prepared.JSONItems(section)
+		items, _ := rewrite.SplitItems(section, raw)
+		sections[section] = items
+		return items
+	}
+	accepted, err := pr.acceptedCopies(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	var held []heldItem
+	leftOut := map[rewrite.Reference]bool{}
+	holdOne := func(section string, index int, why string) {
+		items := itemsOf(section)
+		if index < 0 || index >= len(items) || splice.Held(section, index) {
+			return
+		}
+		it := items[index]
+		h := heldItem{Section: section, ID: it.ID, Error: clipString(why, maxDebugMessage), Since: now}
+		if copyOf, ok := accepted[rewrite.Reference{Section: section, ID: it.ID}]; ok && it.ID != "" {
+			splice.Hold(section, index, copyOf)
+			h.Backfilled = true
+		} else {
+			splice.Hold(section, index, nil)
+			leftOut[rewrite.Reference{Section: section, ID: it.ID}] = true
+		}
+		held = append(held, h)
+	}
+	for _, r := range found {
+		holdOne(r.section, r.index, r.err)
+	}
+	for changed := true; changed; {
+		changed = false
+		for _, section := range prepared.Sections(1 << 10) {
+			for i, it := range itemsOf(section) {
+				if splice.Held(section, i) {
+					continue
+				}
+				for _, ref := range rewrite.References(it.Raw) {
+					if leftOut[ref] {
+						holdOne(section, i, "refers to "+ref.Section+" "+rewrite.Clip(ref.ID)+", which is held back")
+						changed = true
+						break
+					}
+				}
+			}
+		}
+	}
+	for _, h := range held {
+		outcome := "left_out"
+		if h.Backfilled {
+			outcome = "backfilled"
+		}
+		pr.p.log.Warn().Str("event", "held_back").Str("section", rewrite.Clip(h.Section)).Str("id", rewrite.Clip(h.ID)).
+			Str("outcome", outcome).Str("error", h.Error).Msg("APISIX rejects this item; the rest of the sync goes on without it")
+	}
+	return held, nil
+}
+
+// acceptedCopies are the items the data plane last accepted, by section and id: the
+// kept configuration, else the data plane's own copy.
+func (pr *putRequest) acceptedCopies(ctx context.Context) (map[rewrite.Reference][]byte, error) {
+	p := pr.p
+	var items map[string][]byte
+	switch {
+	case p.keep.kept != nil:
+		items = map[string][]byte{}
+		for s, raw := range p.keep.kept.Items {
+			items[s] = raw
+		}
+	case p.dp.state != nil && p.dp.state.ItemsKnown:
+		items = p.dp.state.Items
+	default:
+		st, _, _, err := p.readState(ctx, pr.creds)
+		if err != nil {
+			return nil, err
+		}
+		items = st.Items
+	}
+	out := map[rewrite.Reference][]byte{}
+	for section, raw := range items {
+		list, err := rewrite.SplitItems(section, raw)
+		if err != nil {
+			continue
+		}
+		for _, it := range list {
+			if it.ID != "" {
+				out[rewrite.Reference{Section: section, ID: it.ID}] = it.Raw
+			}
+		}
+	}
+	return out, nil
+}
+
+// originalIndex maps an index in the corrected body's array back to the forwarded
+// body's, skipping the items left out (-1 when there is none).
+func originalIndex(splice *rewrite.Splice, section string, corrected int) int {
+	pos := -1
+	for i := 0; i <= corrected+len(splice.Items[section]); i++ {
+		if with, held := splice.Items[section][i]; held && with == nil {
+			continue
+		}
+		if pos++; pos == corrected {
+			return i
+		}
+	}
+	return -1
+}
+
+// heldHash makes the corrected PUT's digest differ from the client's body's.
+func heldHash(held []heldItem) string {
+	keys := make([]string, len(held))
+	for i, h := range held {
+		keys[i] = h.Section + "\x00" + h.ID + "\x00" + strconv.FormatBool(h.Backfilled)
+	}
+	slices.Sort(keys)
+	sum := sha256.Sum256([]byte(strings.Join(keys, "\n")))
+	return hex.EncodeToString(sum[:8])
+}
+
+// backfilledSections are the sections with a held item, sorted.
+func backfilledSections(held []heldItem) []string {
+	var out []string
+	for _, h := range held {
+		out = append(out, h.Section)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// actionsWithBackfill is X-Confshim-Actions with section=backfilled entries added.
+func actionsWithBackfill(res *rewrite.Result, held []heldItem) string {
+	var entries []string
+	if res != nil && len(res.Changes) > 0 {
+		entries = strings.Split(res.Actions(), ", ")
+	}
+	for _, s := range backfilledSections(held) {
+		entries = append(entries, rewrite.Clip(s)+"=backfilled")
+	}
+	slices.Sort(entries)
+	return strings.Join(entries, ", ")
+}
+
+// noteHeld records the items held back in the last accepted sync: metrics, /debug/config.
+func (p *Proxy) noteHeld(held []heldItem) {
+	if !p.cfg.Fallback {
+		return
+	}
+	counts := map[string]int{}
+	for _, h := range held {
+		counts[metrics.SectionLabel(h.Section)]++
+		p.m.SectionRewrites.WithLabelValues(metrics.SectionLabel(h.Section), string(rewrite.Backfilled)).Inc()
+	}
+	for _, s := range append(slices.Clone(rewrite.KnownSections), "other") {
+		p.m.HeldBackItems.WithLabelValues(s).Set(float64(counts[s]))
+	}
+	p.debug.setHeld(held)
+}
