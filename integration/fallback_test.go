@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/confshim/confshim/integration/adcclient"
 )
@@ -162,5 +163,93 @@ func TestFallbackOverTheValidateCap(t *testing.T) {
 	}
 	if s.em.Costs().Validates < 2 {
 		t.Fatalf("%d validate calls: the section must be split under the cap", s.em.Costs().Validates)
+	}
+}
+
+// putCounter counts configs PUTs that reach the data plane, and those it rejects.
+type putCounter struct{ all, rejected, validates atomic.Int32 }
+
+func (c *putCounter) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/validate") && r.ContentLength > 2 {
+			c.validates.Add(1)
+		}
+		if r.Method != http.MethodPut {
+			next.ServeHTTP(w, r)
+			return
+		}
+		c.all.Add(1)
+		sw := &statusCapture{ResponseWriter: w}
+		next.ServeHTTP(sw, r)
+		if sw.status >= 400 {
+			c.rejected.Add(1)
+		}
+	})
+}
+
+type statusCapture struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusCapture) WriteHeader(code int) { s.status = code; s.ResponseWriter.WriteHeader(code) }
+
+// TestFallbackSteadyStateCostsNothingExtra: the same body re-sent is held back before
+// the PUT: no rejected PUT, no validate call, and nothing reloads.
+func TestFallbackSteadyStateCostsNothingExtra(t *testing.T) {
+	var pc putCounter
+	s := newStack(t, stackOptions{fallback: true, wrap: pc.wrap})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil))))
+	bad := withRoutes(route("r1", "/changed", unknownPlugin), route("r2", "/new", nil))
+	mustLand(t, sync1(t, c, bad))
+	rejected, validates, reloads := pc.rejected.Load(), pc.validates.Load(), s.em.TotalReloads()
+	for i := 0; i < 3; i++ {
+		c.Invalidate() // a cold cache: the same desired configuration, body built afresh
+		res := sync1(t, c, bad)
+		mustLand(t, res)
+		mustContain(t, res.Header.Get("X-Confshim-Actions"), "routes=backfilled")
+	}
+	if pc.rejected.Load() != rejected || pc.validates.Load() != validates {
+		t.Fatalf("steady state: %d rejected PUTs and %d validate calls more, want none",
+			pc.rejected.Load()-rejected, pc.validates.Load()-validates)
+	}
+	if got := s.em.TotalReloads(); got != reloads {
+		t.Fatalf("steady state reloaded %d sections", got-reloads)
+	}
+	routes := s.items(t, "routes")
+	if !strings.Contains(routes, `"/old"`) || !strings.Contains(routes, `"/new"`) {
+		t.Fatalf("routes %s", routes)
+	}
+	// fixed at the source: the item lands
+	mustLand(t, sync1(t, c, withRoutes(route("r1", "/changed", nil), route("r2", "/new", nil))))
+	mustContain(t, s.items(t, "routes"), `"/changed"`)
+	if got := counter(s.metrics.HeldBackItems.WithLabelValues("routes")); got != 0 {
+		t.Fatalf("held_back_items{routes} = %v after the fix", got)
+	}
+}
+
+// TestFallbackGlobalRuleMoveLandsInOneSync: a plugin moved from global rule g1 to g2 is
+// refused by APISIX 3.17 in one PUT (g1 still holds it, as applied); the corrected PUT
+// lands g1 without it, and once that is applied g2 goes in a second PUT — within the
+// client's one sync, although the workers apply a second late.
+func TestFallbackGlobalRuleMoveLandsInOneSync(t *testing.T) {
+	s := newStack(t, stackOptions{fallback: true, appliedLag: 500 * time.Millisecond})
+	c := s.client(true)
+	rules := func(g1, g2 map[string]any) adcclient.Config {
+		cfg := config("v1")
+		cfg["global_rules"] = []map[string]any{{"id": "g1", "plugins": g1}}
+		if g2 != nil {
+			cfg["global_rules"] = append(cfg["global_rules"], map[string]any{"id": "g2", "plugins": g2})
+		}
+		return cfg
+	}
+	mustLand(t, sync1(t, c, rules(map[string]any{"prometheus": map[string]any{}}, nil)))
+	time.Sleep(600 * time.Millisecond) // applied
+	res := sync1(t, c, rules(map[string]any{"cors": map[string]any{}}, map[string]any{"prometheus": map[string]any{}}))
+	mustLand(t, res)
+	got := jsonOf(s.doc(t)["global_rules"])
+	if !strings.Contains(got, `"g2"`) || !strings.Contains(got, "prometheus") || !strings.Contains(got, "cors") {
+		t.Fatalf("global rules after one sync: %s, want g1 with cors and g2 with prometheus", got)
 	}
 }

@@ -131,11 +131,13 @@ type stackOptions struct {
 	merge    []string
 	preserve []string
 	fallback bool // --fallback backfill
+	// appliedLag: the emulator's workers apply a 202 this late (state-dependent checks)
+	appliedLag time.Duration
 }
 
 func newStack(t testing.TB, o stackOptions) *stack {
 	t.Helper()
-	em, err := emulator.New(emulator.Options{Version: o.version, AdminKey: adminKey, FillDefaults: o.fillDefaults})
+	em, err := emulator.New(emulator.Options{Version: o.version, AdminKey: adminKey, FillDefaults: o.fillDefaults, AppliedLag: o.appliedLag})
 	if err != nil {
 		t.Fatal(err)
 	}

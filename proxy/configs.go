@@ -66,6 +66,11 @@ type putRequest struct {
 	releases []func()          // buffers and budget to give back
 	sent     []<-chan struct{} // the transport may read our buffers until these close
 
+	// §8.5: items held back before the PUT (the steady state), and the body forwarded
+	preHeld       []heldItem
+	preHoldDone   bool
+	forwardedBody []byte
+
 	// for /debug/config
 	start            time.Time
 	res              *rewrite.Result
@@ -228,6 +233,10 @@ func (pr *putRequest) forward() {
 			p.m.Untouch(pr.untouched)
 		}
 		out := p.outgoing(pr.in, res)
+		if len(pr.preHeld) > 0 && pr.in.HasDigest && !out.setDigest {
+			out.digest, out.setDigest = pr.in.Digest, true // the corrected body is not the client's
+		}
+		pr.forwardedBody = out.body
 		resp, respBody, err := pr.send(out, res)
 		if res != nil && redials < maxRedials && (errors.Is(err, errRedial) || pr.connectionBroke(err)) {
 			// The data plane closed the connection its state was read on (a restart, most
@@ -253,11 +262,20 @@ func (pr *putRequest) forward() {
 			}
 		}
 		var fb *fallbackResult
+		var changedSections []string // sections whose content is not the client's decided copy
 		if resp.StatusCode == http.StatusBadRequest {
 			if fb = pr.tryFallback(out, res, resp, respBody); fb != nil {
 				resp.Body.Close() // the corrected PUT's answer is the client's (§8.5)
+				changedSections = backfilledSections(fb.held)
+				if fb2 := pr.secondStep(fb, res); fb2 != nil {
+					fb.resp.Body.Close()
+					fb = fb2
+				}
 				resp, respBody, out = fb.resp, fb.respBody, fb.out
 			}
+		}
+		if fb == nil && len(pr.preHeld) > 0 {
+			fb = &fallbackResult{held: pr.preHeld} // held before the PUT: same report
 		}
 		pr.res, pr.bytesOut, pr.answeredByAPISIX = res, len(out.body), true
 		pr.forwardedDigest = pr.in.Digest
@@ -265,7 +283,7 @@ func (pr *putRequest) forward() {
 			pr.forwardedDigest = out.digest
 		}
 		prepared := pr.prepared
-		if fb != nil {
+		if fb != nil && fb.prepared != nil {
 			prepared = fb.prepared // what APISIX took is the corrected body
 		}
 		p.count(res, out, resp)
@@ -276,7 +294,11 @@ func (pr *putRequest) forward() {
 			if fb != nil {
 				held = fb.held
 				// the data plane holds the corrected copy of these, not the client's
-				p.dp.record = p.dp.record.Without(backfilledSections(held))
+				p.dp.record = p.dp.record.Without(changedSections)
+				if fb.versions != nil { // a second step moved versions past the decision's
+					p.setState(nil, "", "")
+					p.keep.forget()
+				}
 			}
 			p.noteHeld(held)
 		}
@@ -331,6 +353,18 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 		// decided against it
 		if p.reseedLocked(ctx, time.Now(), &pr.creds) {
 			st = p.dp.state
+		}
+	}
+	if !pr.preHoldDone {
+		pr.preHoldDone = true
+		if corrected, held := pr.preHold(ctx); corrected != nil {
+			prepared, err := p.rw.Prepare(corrected)
+			if err == nil {
+				pr.in.Body, pr.prepared, pr.preHeld = corrected, prepared, held
+				if pr.in.HasDigest {
+					pr.in.Digest += "+held:" + heldHash(held) // another body than the client's
+				}
+			}
 		}
 	}
 	pr.in.State, pr.in.Record, pr.in.Owned = st, p.dp.record, p.dp.owned

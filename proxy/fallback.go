@@ -40,14 +40,27 @@ type heldItem struct {
 	Section, ID string
 	Error       string
 	Since       time.Time
-	Backfilled  bool // replaced by its accepted copy; false: left out
+	Backfilled  bool   // replaced by its accepted copy; false: left out
+	sum         uint64 // the client's item's content: the same content is held again
+	raw         []byte // the client's item (state-dependent ones are validated again)
+	server      string // APISIX's version when it rejected the item
 }
+
+// stateDependent: rejected for what the data plane holds (a plugin another global rule
+// uses, a key another consumer holds), not for what the item is.
+func (h heldItem) stateDependent() bool {
+	return strings.Contains(h.Error, "already exists in global rule") || strings.Contains(h.Error, " found with consumer: ") ||
+		strings.Contains(h.Error, " found with credential: ")
+}
+
+func heldKey(section, id string) string { return section + "\x00" + id }
 
 // rejected is one item APISIX rejects.
 type rejected struct {
 	section string
 	index   int
 	err     string
+	id      string // for a second step: found again by id
 }
 
 // itemLevel: a 400 about an item, not about the request or a version.
@@ -69,6 +82,7 @@ type fallbackResult struct {
 	prepared *rewrite.Prepared // the corrected body, for the kept configuration
 	held     []heldItem
 	done     <-chan struct{}
+	versions map[string]float64 // a second step's versions (above the corrected PUT's)
 }
 
 // tryFallback is called after APISIX answered a decided PUT 400; nil means the client
@@ -276,7 +290,11 @@ func (pr *putRequest) hold(ctx context.Context, body []byte, splice *rewrite.Spl
 			return
 		}
 		it := items[index]
-		h := heldItem{Section: section, ID: it.ID, Error: clipString(why, maxDebugMessage), Since: now}
+		h := heldItem{Section: section, ID: it.ID, Error: clipString(why, maxDebugMessage), Since: now,
+			sum: pr.p.rw.ItemFingerprint(it.Raw), raw: it.Raw, server: pr.p.serverString()}
+		if prev, ok := pr.p.held[heldKey(section, it.ID)]; ok && prev.sum == h.sum {
+			h.Since = prev.Since
+		}
 		if copyOf, ok := accepted[rewrite.Reference{Section: section, ID: it.ID}]; ok && it.ID != "" {
 			splice.Hold(section, index, copyOf)
 			h.Backfilled = true
@@ -307,6 +325,9 @@ func (pr *putRequest) hold(ctx context.Context, body []byte, splice *rewrite.Spl
 		}
 	}
 	for _, h := range held {
+		if prev, ok := pr.p.held[heldKey(h.Section, h.ID)]; ok && prev.sum == h.sum {
+			continue // said when it was first held back
+		}
 		outcome := "left_out"
 		if h.Backfilled {
 			outcome = "backfilled"
@@ -401,10 +422,194 @@ func actionsWithBackfill(res *rewrite.Result, held []heldItem) string {
 	return strings.Join(entries, ", ")
 }
 
+// serverString is the Server header as last seen ("" unknown).
+func (p *Proxy) serverString() string {
+	if s := p.serverVersion.Load(); s != nil {
+		return *s
+	}
+	return ""
+}
+
+// preHold is the steady state of §8.5: before the PUT, an item held back in the last
+// accepted sync and sent again byte for byte is held back again — with no failed round
+// trip and no validate call while APISIX's version is unchanged; one rejected for what
+// the data plane holds is validated again, alone, and goes when it passes. It returns
+// the corrected client body, or nil when nothing is held.
+func (pr *putRequest) preHold(ctx context.Context) ([]byte, []heldItem) {
+	p := pr.p
+	if !p.cfg.Fallback || len(p.held) == 0 || pr.prepared == nil || !pr.prepared.IsJSON() {
+		return nil, nil
+	}
+	var found []rejected
+	sections := map[string]bool{}
+	for _, h := range p.held {
+		sections[h.Section] = true
+	}
+	for section := range sections {
+		raw, _ := pr.prepared.JSONItems(section)
+		items, err := rewrite.SplitItems(section, raw)
+		if err != nil {
+			return nil, nil
+		}
+		for i, it := range items {
+			h, ok := p.held[heldKey(section, it.ID)]
+			if !ok || it.ID == "" || h.sum != p.rw.ItemFingerprint(it.Raw) || h.server != p.serverString() {
+				continue // changed, or another APISIX: it goes and APISIX judges it
+			}
+			if h.stateDependent() {
+				if errs, ok := pr.validateChunk(ctx, section, []rewrite.Item{it}); ok && len(errs) == 0 {
+					continue // the conflict is gone: it lands now
+				}
+			}
+			found = append(found, rejected{section: section, index: i, err: h.Error})
+		}
+	}
+	if len(found) == 0 {
+		return nil, nil
+	}
+	var splice rewrite.Splice
+	held, err := pr.hold(ctx, pr.in.Body, &splice, found)
+	if err != nil {
+		return nil, nil
+	}
+	corrected, err := splice.Apply(pr.in.Body)
+	if err != nil {
+		return nil, nil
+	}
+	return corrected, held
+}
+
+// secondStep lands, within the same sync, held items that were rejected for what the
+// data plane held (a plugin moved from one global rule to another): once the corrected
+// PUT is applied they pass. APISIX checks against what its workers have applied, which
+// follows a 202 by up to about a second, so validation is retried for up to 2 s. It
+// returns the second PUT's result, or nil.
+func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallbackResult {
+	p := pr.p
+	var waiting []heldItem
+	for _, h := range fb.held {
+		if h.stateDependent() {
+			waiting = append(waiting, h)
+		}
+	}
+	if len(waiting) == 0 {
+		return nil
+	}
+	ctx := pr.r.Context()
+	deadline := time.Now().Add(secondStepWindow)
+	var passed map[string]bool
+	for passed == nil && time.Now().Before(deadline) {
+		ok := map[string]bool{}
+		for _, h := range waiting {
+			if errs, answered := pr.validateChunk(ctx, h.Section, []rewrite.Item{{Raw: h.raw, ID: h.ID}}); answered && len(errs) == 0 {
+				ok[heldKey(h.Section, h.ID)] = true
+			}
+		}
+		if len(ok) > 0 {
+			passed = ok
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(secondStepPause):
+		}
+	}
+	if passed == nil {
+		return nil
+	}
+	// the forwarded body again, holding back only what still fails, the sections that
+	// change once more at a version above the corrected PUT's
+	var splice rewrite.Splice
+	var still []rejected
+	versions := map[string]float64{}
+	for _, h := range fb.held {
+		if !passed[heldKey(h.Section, h.ID)] {
+			still = append(still, rejected{section: h.Section, err: h.Error, id: h.ID})
+			continue
+		}
+		for _, o := range res.Outcomes() {
+			if o.Section == h.Section {
+				if v, ok := rewrite.NextVersion(o.Version); ok {
+					versions[h.Section] = v
+				}
+			}
+		}
+	}
+	base := pr.forwardedBody
+	indexed, err := indexByID(p.rw, base, still)
+	if err != nil {
+		return nil
+	}
+	held, err := pr.hold(ctx, base, &splice, indexed)
+	if err != nil {
+		return nil
+	}
+	splice.Versions = versions
+	body, err := splice.Apply(base)
+	if err != nil {
+		return nil
+	}
+	next := outgoingPut{body: body, digest: fb.out.digest + "+2", setDigest: fb.out.setDigest}
+	r2, b2, done, err := p.forwardPut(noRedial(ctx), p.tr.decide, pr.r, next)
+	pr.sent = append(pr.sent, done)
+	if err != nil {
+		return nil
+	}
+	if r2.StatusCode/100 != 2 {
+		r2.Body.Close()
+		return nil
+	}
+	prepared, err := p.rw.Prepare(body)
+	if err != nil {
+		r2.Body.Close()
+		return nil
+	}
+	p.log.Info().Str("event", "fallback").Str("result", "second_put").Int("landed", len(passed)).
+		Msg("items rejected for what the data plane held passed once the rest was applied; sent in a second PUT")
+	return &fallbackResult{resp: r2, respBody: b2, out: next, prepared: prepared, held: held, done: done, versions: versions}
+}
+
+// secondStepWindow and secondStepPause: how long and how often held items are
+// validated again after the corrected PUT (APISIX's workers apply within about 1 s).
+const (
+	secondStepWindow = 2 * time.Second
+	secondStepPause  = 200 * time.Millisecond
+)
+
+// indexByID finds the held items' indexes in body.
+func indexByID(rw *rewrite.Rewriter, body []byte, held []rejected) ([]rejected, error) {
+	prepared, err := rw.Prepare(body)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]rejected, 0, len(held))
+	for _, h := range held {
+		raw, _ := prepared.JSONItems(h.section)
+		items, err := rewrite.SplitItems(h.section, raw)
+		if err != nil {
+			return nil, err
+		}
+		for i, it := range items {
+			if it.ID == h.id {
+				h.index = i
+				out = append(out, h)
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
 // noteHeld records the items held back in the last accepted sync: metrics, /debug/config.
 func (p *Proxy) noteHeld(held []heldItem) {
 	if !p.cfg.Fallback {
 		return
+	}
+	p.held = make(map[string]heldItem, len(held))
+	for _, h := range held {
+		h.raw = bytes.Clone(h.raw) // out of the pooled body buffer
+		p.held[heldKey(h.Section, h.ID)] = h
 	}
 	counts := map[string]int{}
 	for _, h := range held {

@@ -99,6 +99,7 @@ type Proxy struct {
 	layout        atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
 	bg            sync.WaitGroup                 // the watch
 	debug         *debugLog                      // what /debug/config shows
+	held          map[string]heldItem            // items held back in the last accepted sync (§8.5), guarded by putLock
 }
 
 // New validates cfg and returns the proxy; every error names the setting at fault.

@@ -129,3 +129,16 @@ func References(item []byte) []Reference {
 	}
 	return out
 }
+
+// NextVersion is the smallest version above v that APISIX stores as a different number
+// (§5.1); false when none exists below 2^53.
+func NextVersion(v float64) (float64, bool) { return nextStorable(v) }
+
+// ItemFingerprint identifies an item's content as §5.1 compares it (key order,
+// whitespace, escapes and its top-level modifiedIndex do not count).
+func (rw *Rewriter) ItemFingerprint(item []byte) uint64 {
+	h := semHasher{seed: rw.seed}
+	wrapped := make([]byte, 0, len(item)+2)
+	wrapped = append(append(append(wrapped, '['), item...), ']')
+	return h.sectionFingerprint(wrapped)
+}

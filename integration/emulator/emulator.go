@@ -40,6 +40,10 @@ type Options struct {
 	FillDefaults bool
 	// Now is the clock for X-Last-Modified; time.Now when nil.
 	Now func() time.Time
+	// AppliedLag models APISIX's workers applying an accepted document up to about a
+	// second after the 202: the state-dependent checks (§4.1.3) see the previous
+	// document for this long. 0: at once.
+	AppliedLag time.Duration
 }
 
 // Request is a PUT as the emulator received it.
@@ -61,6 +65,9 @@ type Emulator struct {
 	lastPut *Request
 	puts    int
 	costs   Costs
+	// what the workers applied before the last accepted PUT, and when that PUT came
+	prevDoc   table
+	appliedAt time.Time
 }
 
 // Costs are what the PUTs made APISIX do, the work confshim's §8 takes off it.
@@ -167,7 +174,7 @@ func (e *Emulator) Puts() int {
 func (e *Emulator) Restart() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.stored, e.doc = nil, nil
+	e.stored, e.doc, e.prevDoc = nil, nil, nil
 }
 
 // Document returns a copy of the stored document as GET would decode it (nil when
@@ -478,6 +485,7 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 	e.stored = encoded
 	decoded, _ := decodeCJSON(encoded) // what the dict now holds (numbers at 14 digits)
 	old := e.doc
+	e.prevDoc, e.appliedAt = old, time.Now()
 	e.doc = decoded.(table)
 	// A section reloads when its *stored* version changed: what workers compare.
 	for _, k := range e.sections() {
@@ -493,6 +501,14 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Digest", digest)
 	}
 	w.WriteHeader(http.StatusAccepted)
+}
+
+// applied is the document the workers have applied (the caller holds e.mu).
+func (e *Emulator) applied() table {
+	if e.opts.AppliedLag > 0 && time.Since(e.appliedAt) < e.opts.AppliedLag {
+		return e.prevDoc
+	}
+	return e.doc
 }
 
 func (e *Emulator) notePut(r *http.Request, body []byte) {

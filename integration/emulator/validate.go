@@ -288,7 +288,7 @@ func (e *Emulator) checkAgainstApplied(key string, item table) *checkError {
 	switch {
 	case key == "global_rules" && e.minor >= 17:
 		plugins, _ := item["plugins"].(table)
-		applied, _ := e.doc["global_rules"].([]any)
+		applied, _ := e.applied()["global_rules"].([]any)
 		for _, name := range sortedKeys(plugins) {
 			for _, raw := range applied {
 				rule, _ := raw.(table)
@@ -304,7 +304,7 @@ func (e *Emulator) checkAgainstApplied(key string, item table) *checkError {
 			return nil // not applied to credential items in this mode
 		}
 		plugins, _ := item["plugins"].(table)
-		applied, _ := e.doc["consumers"].([]any)
+		applied, _ := e.applied()["consumers"].([]any)
 		for _, plugin := range sortedKeys(plugins) {
 			attr, tracked := authKeyAttrs[plugin]
 			conf, _ := plugins[plugin].(table)
