@@ -137,3 +137,47 @@ func BenchmarkDecodes(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkFallback: the 10k configuration through confshim with --fallback backfill and
+// one route APISIX rejects (an unknown plugin): its first sync (the failed PUT, the
+// validate calls, the corrected PUT; a newly rejected route each time) and the steady
+// state (the same body again: held back before the PUT), next to the same sync with no
+// bad item. Goal: steady state within 1.2x of clean.
+func BenchmarkFallback(b *testing.B) {
+	const n = 10000
+	bad := func(cfg adcclient.Config, i int) adcclient.Config {
+		cfg["routes"][i]["plugins"] = map[string]any{"nope": map[string]any{}}
+		return cfg
+	}
+	for _, scenario := range []string{"clean", "held-first-sync", "held-steady"} {
+		b.Run(scenario, func(b *testing.B) {
+			s := newStack(b, stackOptions{fallback: true, reseed: time.Hour, adminKey: adminKey})
+			c := s.client(true)
+			mustLand(b, sync1(b, c, largeConfig(n, "a")))
+			cfgs := []adcclient.Config{largeConfig(n, "a")}
+			switch scenario {
+			case "held-first-sync":
+				cfgs = nil
+				for i := 1; i <= 64; i++ { // a route rejected for the first time, each sync
+					cfgs = append(cfgs, bad(largeConfig(n, "a"), i))
+				}
+			case "held-steady":
+				cfgs = []adcclient.Config{bad(largeConfig(n, "a"), 1)}
+			}
+			mustLand(b, sync1(b, c, cfgs[0]))
+			i := 0
+			for b.Loop() {
+				i++
+				b.StopTimer()
+				cfg := cfgs[i%len(cfgs)]
+				t := c.NextT()
+				body := c.Body(cfg, t)
+				b.StartTimer()
+				res, err := c.Put(context.Background(), body, t)
+				if err != nil || res.Status/100 != 2 {
+					b.Fatalf("%v %v", err, res)
+				}
+			}
+		})
+	}
+}

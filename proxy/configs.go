@@ -67,9 +67,10 @@ type putRequest struct {
 	sent     []<-chan struct{} // the transport may read our buffers until these close
 
 	// §8.5: items held back before the PUT (the steady state), and the body forwarded
-	preHeld       []heldItem
-	preHoldDone   bool
-	forwardedBody []byte
+	preHeld        []heldItem
+	preHoldDone    bool
+	clientPrepared *rewrite.Prepared // the client's own body, when it was corrected before the PUT
+	forwardedBody  []byte
 
 	// for /debug/config
 	start            time.Time
@@ -301,6 +302,10 @@ func (pr *putRequest) forward() {
 				}
 			}
 			p.noteHeld(held)
+			p.heldCorrection = nil
+			if len(pr.preHeld) > 0 && fb != nil && fb.prepared == nil {
+				p.rememberCorrection(pr.clientPrepared, pr.prepared, pr.preHeld)
+			}
 		}
 		p.respond(pr.w, resp, respBody, res, fb)
 		return
@@ -358,8 +363,10 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	if !pr.preHoldDone {
 		pr.preHoldDone = true
 		if corrected, held := pr.preHold(ctx); corrected != nil {
-			prepared, err := p.rw.Prepare(corrected)
+			prepared, err := p.rw.PrepareLike(corrected, p.heldLayout.Load())
 			if err == nil {
+				p.heldLayout.Store(prepared.Layout()) // the steady state sends this one again
+				pr.clientPrepared = pr.prepared
 				pr.in.Body, pr.prepared, pr.preHeld = corrected, prepared, held
 				if pr.in.HasDigest {
 					pr.in.Digest += "+held:" + heldHash(held) // another body than the client's

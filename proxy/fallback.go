@@ -295,7 +295,7 @@ func (pr *putRequest) hold(ctx context.Context, body []byte, splice *rewrite.Spl
 		if prev, ok := pr.p.held[heldKey(section, it.ID)]; ok && prev.sum == h.sum {
 			h.Since = prev.Since
 		}
-		if copyOf, ok := accepted[rewrite.Reference{Section: section, ID: it.ID}]; ok && it.ID != "" {
+		if copyOf, ok := accepted.lookup(section, it.ID); ok && it.ID != "" {
 			splice.Hold(section, index, copyOf)
 			h.Backfilled = true
 		} else {
@@ -307,7 +307,7 @@ func (pr *putRequest) hold(ctx context.Context, body []byte, splice *rewrite.Spl
 	for _, r := range found {
 		holdOne(r.section, r.index, r.err)
 	}
-	for changed := true; changed; {
+	for changed := len(leftOut) > 0; changed; { // only an item left out can strand another
 		changed = false
 		for _, section := range prepared.Sections(1 << 10) {
 			for i, it := range itemsOf(section) {
@@ -338,39 +338,49 @@ func (pr *putRequest) hold(ctx context.Context, body []byte, splice *rewrite.Spl
 	return held, nil
 }
 
-// acceptedCopies are the items the data plane last accepted, by section and id: the
-// kept configuration, else the data plane's own copy.
-func (pr *putRequest) acceptedCopies(ctx context.Context) (map[rewrite.Reference][]byte, error) {
+// acceptedCopies finds the copies of items the data plane last accepted, by section
+// and id: the kept configuration, else the data plane's own copy. A section is split
+// only when an item of it is looked up.
+type acceptedCopies struct {
+	items    map[string][]byte
+	sections map[string]map[string][]byte
+}
+
+func (pr *putRequest) acceptedCopies(ctx context.Context) (*acceptedCopies, error) {
 	p := pr.p
-	var items map[string][]byte
+	a := &acceptedCopies{sections: map[string]map[string][]byte{}}
 	switch {
 	case p.keep.kept != nil:
-		items = map[string][]byte{}
+		a.items = map[string][]byte{}
 		for s, raw := range p.keep.kept.Items {
-			items[s] = raw
+			a.items[s] = raw
 		}
 	case p.dp.state != nil && p.dp.state.ItemsKnown:
-		items = p.dp.state.Items
+		a.items = p.dp.state.Items
 	default:
 		st, _, _, err := p.readState(ctx, pr.creds)
 		if err != nil {
 			return nil, err
 		}
-		items = st.Items
+		a.items = st.Items
 	}
-	out := map[rewrite.Reference][]byte{}
-	for section, raw := range items {
-		list, err := rewrite.SplitItems(section, raw)
-		if err != nil {
-			continue
-		}
+	return a, nil
+}
+
+func (a *acceptedCopies) lookup(section, id string) ([]byte, bool) {
+	byID, ok := a.sections[section]
+	if !ok {
+		byID = map[string][]byte{}
+		list, _ := rewrite.SplitItems(section, a.items[section])
 		for _, it := range list {
 			if it.ID != "" {
-				out[rewrite.Reference{Section: section, ID: it.ID}] = it.Raw
+				byID[it.ID] = it.Raw
 			}
 		}
+		a.sections[section] = byID
 	}
-	return out, nil
+	raw, found := byID[id]
+	return raw, found
 }
 
 // originalIndex maps an index in the corrected body's array back to the forwarded
@@ -422,6 +432,34 @@ func actionsWithBackfill(res *rewrite.Result, held []heldItem) string {
 	return strings.Join(entries, ", ")
 }
 
+// heldCorrection is the last correction made before a PUT: per held section, the
+// client's bytes' hash and the corrected items, so that the same client bytes are
+// corrected again without splitting them.
+type heldCorrection struct {
+	server   string
+	sections map[string]correctedSection
+}
+
+type correctedSection struct {
+	clientSum uint64
+	items     []byte
+}
+
+// rememberCorrection keeps the correction of an accepted pre-held sync.
+func (p *Proxy) rememberCorrection(client, corrected *rewrite.Prepared, held []heldItem) {
+	c := &heldCorrection{server: p.serverString(), sections: map[string]correctedSection{}}
+	for _, section := range backfilledSections(held) {
+		sum, ok := client.SectionSum(section)
+		items, _ := corrected.JSONItems(section)
+		if !ok || items == nil {
+			p.heldCorrection = nil
+			return
+		}
+		c.sections[section] = correctedSection{clientSum: sum, items: bytes.Clone(items)}
+	}
+	p.heldCorrection = c
+}
+
 // serverString is the Server header as last seen ("" unknown).
 func (p *Proxy) serverString() string {
 	if s := p.serverVersion.Load(); s != nil {
@@ -442,8 +480,33 @@ func (pr *putRequest) preHold(ctx context.Context) ([]byte, []heldItem) {
 	}
 	var found []rejected
 	sections := map[string]bool{}
+	stateDependent := false
 	for _, h := range p.held {
 		sections[h.Section] = true
+		stateDependent = stateDependent || h.stateDependent()
+	}
+	// The same client bytes of every held section as in the last sync, on the same
+	// APISIX, nothing to validate again: the last correction serves as it is.
+	if cached := p.heldCorrection; cached != nil && !stateDependent && cached.server == p.serverString() {
+		replace := map[string][]byte{}
+		for section := range sections {
+			sum, ok := pr.prepared.SectionSum(section)
+			if c, have := cached.sections[section]; !ok || !have || c.clientSum != sum {
+				replace = nil
+				break
+			}
+			replace[section] = cached.sections[section].items
+		}
+		if replace != nil {
+			splice := rewrite.Splice{Replace: replace}
+			if corrected, err := splice.Apply(pr.in.Body); err == nil {
+				held := make([]heldItem, 0, len(p.held))
+				for _, h := range p.held {
+					held = append(held, h)
+				}
+				return corrected, held
+			}
+		}
 	}
 	for section := range sections {
 		raw, _ := pr.prepared.JSONItems(section)

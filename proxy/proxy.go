@@ -89,17 +89,19 @@ type Proxy struct {
 	dp      dataPlane
 	keep    *keeper // re-seeding (§8.4)
 
-	lastAnswer    atomic.Int64                   // unix nanos of the upstream's last HTTP answer
-	bufs          buffers                        // request and rewrite buffers
-	budget        *bodyBudget                    // request bodies buffered at once
-	noHead        atomic.Bool                    // HEAD /apisix/admin/configs answered 404: APISIX 3.13
-	noValidate    atomic.Bool                    // POST /configs/validate answered 404 although Server said 3.15+
-	serverMinor   atomic.Int32                   // APISIX 3.<minor> from the Server header; 0 unknown
-	serverVersion atomic.Pointer[string]         // the Server header as last seen
-	layout        atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
-	bg            sync.WaitGroup                 // the watch
-	debug         *debugLog                      // what /debug/config shows
-	held          map[string]heldItem            // items held back in the last accepted sync (§8.5), guarded by putLock
+	lastAnswer     atomic.Int64                   // unix nanos of the upstream's last HTTP answer
+	bufs           buffers                        // request and rewrite buffers
+	budget         *bodyBudget                    // request bodies buffered at once
+	noHead         atomic.Bool                    // HEAD /apisix/admin/configs answered 404: APISIX 3.13
+	noValidate     atomic.Bool                    // POST /configs/validate answered 404 although Server said 3.15+
+	serverMinor    atomic.Int32                   // APISIX 3.<minor> from the Server header; 0 unknown
+	serverVersion  atomic.Pointer[string]         // the Server header as last seen
+	layout         atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
+	heldLayout     atomic.Pointer[rewrite.Layout] // the last body corrected before the PUT (§8.5)
+	bg             sync.WaitGroup                 // the watch
+	debug          *debugLog                      // what /debug/config shows
+	held           map[string]heldItem            // items held back in the last accepted sync (§8.5), guarded by putLock
+	heldCorrection *heldCorrection                // and how the client's bytes were corrected before the PUT
 }
 
 // New validates cfg and returns the proxy; every error names the setting at fault.

@@ -38,6 +38,9 @@ func SplitItems(section string, raw []byte) ([]Item, error) {
 type Splice struct {
 	Items    map[string]map[int][]byte
 	Versions map[string]float64
+	// Replace gives sections' whole items values (a correction computed before, for the
+	// same client bytes).
+	Replace map[string][]byte
 }
 
 // Hold records that the item at index of section is replaced by with (nil: left out).
@@ -100,6 +103,13 @@ func (s *Splice) Apply(body []byte) ([]byte, error) {
 		}
 		e.newValue[sl.items] = append(out, ']')
 	}
+	for section, items := range s.Replace {
+		sl := obj.slot(section)
+		if sl.items < 0 {
+			return nil, errors.New("backfill: " + clip(section) + " has no items in the body")
+		}
+		e.newValue[sl.items] = items
+	}
 	for section, v := range s.Versions {
 		e.setVersion(&obj, obj.slot(section).version, section, v)
 	}
@@ -141,4 +151,13 @@ func (rw *Rewriter) ItemFingerprint(item []byte) uint64 {
 	wrapped := make([]byte, 0, len(item)+2)
 	wrapped = append(append(append(wrapped, '['), item...), ']')
 	return h.sectionFingerprint(wrapped)
+}
+
+// SectionSum is the hash the scan keeps of a section's items value (false: no items).
+func (p *Prepared) SectionSum(section string) (uint64, bool) {
+	sl := p.obj.slot(section)
+	if sl.items < 0 {
+		return 0, false
+	}
+	return p.sums[sl.items], true
 }

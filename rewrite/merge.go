@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -135,18 +136,43 @@ func CountItems(raw []byte) int {
 }
 
 // itemID is an item's identity as APISIX keys it: tostring(id), or a consumer's
-// username; "" when it has neither.
+// username; "" when it has neither. It reads the item's top-level keys only (the item
+// is valid JSON: the body was scanned), without decoding the rest.
 func itemID(section string, item []byte) string {
-	var v struct {
-		ID       json.RawMessage `json:"id"`
-		Username json.RawMessage `json:"username"`
-	}
-	if json.Unmarshal(item, &v) != nil {
+	var id, username []byte
+	i := skipWS(item, 0)
+	if i >= len(item) || item[i] != '{' {
 		return ""
 	}
-	raw := v.ID
+	for i = skipWS(item, i+1); i < len(item) && item[i] == '"'; {
+		keyStart, keyEnd := i, valueEnd(item, i)
+		key := item[i+1 : max(i+1, keyEnd-1)]
+		i = skipWS(item, keyEnd)
+		if i >= len(item) || item[i] != ':' {
+			return ""
+		}
+		i = skipWS(item, i+1)
+		end := valueEnd(item, i)
+		if end <= i {
+			return ""
+		}
+		name := string(key)
+		if bytes.IndexByte(key, '\\') >= 0 { // an escaped key: as lua-cjson decodes it
+			_ = json.Unmarshal(item[keyStart:keyEnd], &name)
+		}
+		switch name {
+		case "id":
+			id = bytes.TrimSpace(item[i:end])
+		case "username":
+			username = bytes.TrimSpace(item[i:end])
+		}
+		if i = skipWS(item, end); i < len(item) && item[i] == ',' {
+			i = skipWS(item, i+1)
+		}
+	}
+	raw := id
 	if len(raw) == 0 && section == "consumers" {
-		raw = v.Username
+		raw = username
 	}
 	return idText(raw)
 }

@@ -120,3 +120,23 @@ func TestCountItems(t *testing.T) {
 		}
 	}
 }
+
+func TestItemID(t *testing.T) {
+	for _, tc := range []struct{ section, item, want string }{
+		{"routes", `{"id":"r1","uri":"/a"}`, "r1"},
+		{"routes", ` { "uri" : "/a" , "id" : 7 } `, "7"},
+		{"routes", `{"plugins":{"id":"not-this"},"id":"r2"}`, "r2"},
+		{"routes", `{"desc":"\"id\":\"x\"","id":"r3"}`, "r3"},
+		{"routes", `{"i\u0064":"escaped"}`, "escaped"},
+		{"routes", `{"uri":"/a"}`, ""},
+		{"consumers", `{"username":"jack"}`, "jack"},
+		{"consumers", `{"username":"jack","id":"jack/credentials/k"}`, "jack/credentials/k"},
+		{"routes", `{"username":"jack"}`, ""},
+		{"routes", `[1]`, ""},
+		{"routes", `{"id":null}`, ""},
+	} {
+		if got := itemID(tc.section, []byte(tc.item)); got != tc.want {
+			t.Errorf("itemID(%s, %s) = %q, want %q", tc.section, tc.item, got, tc.want)
+		}
+	}
+}
