@@ -1,55 +1,124 @@
 package rewrite
 
 import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/valyala/fastjson"
+	"golang.org/x/tools/txtar"
 )
 
-// TestBackfillSplice: held items are replaced or left out inside their section, set
-// versions change, and every other byte is the client's.
-func TestBackfillSplice(t *testing.T) {
-	for _, tc := range []struct {
-		name, body, want string
-		splice           func(*Splice)
-	}{
-		{"replace one, leave one out",
-			`{"routes_conf_version":5, "routes":[{"id":"r1","uri":"/a"}, {"id":"r2","plugins":{"nope":{}}} ,{"id":"r3"}],"services":[{"id":"s1"}]}`,
-			`{"routes_conf_version":5, "routes":[{"id":"r1","uri":"/a"},{"id":"r2","uri":"/old"}],"services":[{"id":"s1"}]}`,
-			func(s *Splice) { s.Hold("routes", 1, []byte(`{"id":"r2","uri":"/old"}`)); s.Hold("routes", 2, nil) }},
-		{"the first left out, a version set",
-			`{"routes":[{"id":"bad"},{"id":"r1"}],"routes_conf_version":5}`,
-			`{"routes":[{"id":"r1"}],"routes_conf_version":6}`,
-			func(s *Splice) { s.Hold("routes", 0, nil); s.Versions = map[string]float64{"routes": 6} }},
-		{"every item left out",
-			`{"routes":[{"id":"bad"}],"routes_conf_version":5}`,
-			`{"routes":[],"routes_conf_version":5}`,
-			func(s *Splice) { s.Hold("routes", 0, nil) }},
-		{"escaped strings with brackets and commas stay whole",
-			`{"routes":[{"id":"r1","desc":"a],[\"b"},{"id":"r2"}]}`,
-			`{"routes":[{"id":"r1","desc":"a],[\"b"}]}`,
-			func(s *Splice) { s.Hold("routes", 1, nil) }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var s Splice
-			tc.splice(&s)
-			got, err := s.Apply([]byte(tc.body))
-			if err != nil {
-				t.Fatal(err)
+// FuzzBackfill: holding any item of any body back leaves valid JSON with one item
+// fewer in that section, and every other member as it was.
+func FuzzBackfill(f *testing.F) {
+	f.Add([]byte(`{"routes":[{"id":"r1"},{"id":"r2","desc":"],\"["}],"x":1}`), uint8(1))
+	f.Add([]byte(`{"routes":[ 1 , "a,b" , [2,[3]] ],"routes_conf_version":2}`), uint8(2))
+	f.Fuzz(func(t *testing.T, body []byte, index uint8) {
+		prepared, err := New(nil).Prepare(body)
+		if err != nil || fastjson.ValidateBytes(body) != nil {
+			return
+		}
+		raw, _ := prepared.JSONItems("routes")
+		items, err := SplitItems("routes", raw)
+		if err != nil || len(items) == 0 {
+			return
+		}
+		i := int(index) % len(items)
+		var splice Splice
+		splice.Hold("routes", i, nil)
+		got, err := splice.Apply(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fastjson.ValidateBytes(got); err != nil {
+			t.Fatalf("%s → %s: %v", body, got, err)
+		}
+		after, err := New(nil).Prepare(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw2, _ := after.JSONItems("routes")
+		items2, _ := SplitItems("routes", raw2)
+		if len(items2) != len(items)-1 {
+			t.Fatalf("%d items, then %d", len(items), len(items2))
+		}
+		var want []string
+		for j, it := range items {
+			if j != i {
+				want = append(want, string(it.Raw))
 			}
-			if string(got) != tc.want {
-				t.Fatalf("got  %s\nwant %s", got, tc.want)
+		}
+		for j, it := range items2 {
+			if string(it.Raw) != want[j] {
+				t.Fatalf("item %d changed: %s, want %s", j, it.Raw, want[j])
 			}
-			if err := fastjson.ValidateBytes(got); err != nil {
-				t.Fatalf("not JSON: %v", err)
-			}
-		})
-	}
+		}
+	})
 }
 
 func TestReferences(t *testing.T) {
 	refs := References([]byte(`{"id":"r1","service_id":"s1","upstream_id":7,"plugin_config_id":"","labels":{"service_id":"x"}}`))
 	if len(refs) != 2 || refs[0] != (Reference{"services", "s1"}) || refs[1] != (Reference{"upstreams", "7"}) {
 		t.Fatalf("%v", refs)
+	}
+}
+
+// TestBackfillGolden runs testdata/backfill: a body, the holds (section, index, the
+// replacement or "-" to leave it out) and versions to set, and the corrected body.
+func TestBackfillGolden(t *testing.T) {
+	paths, err := filepath.Glob("../testdata/backfill/*.txtar")
+	if err != nil || len(paths) == 0 {
+		t.Fatalf("no golden cases: %v", err)
+	}
+	for _, path := range paths {
+		t.Run(strings.TrimSuffix(filepath.Base(path), ".txtar"), func(t *testing.T) {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := txtar.Parse(data)
+			var splice Splice
+			b, _ := body(a, "body.json")
+			if holds, ok := body(a, "holds"); ok {
+				for _, line := range strings.Split(string(holds), "\n") {
+					section, rest, _ := strings.Cut(line, " ")
+					index, with, _ := strings.Cut(rest, " ")
+					i, err := strconv.Atoi(index)
+					if err != nil {
+						t.Fatalf("holds line %q", line)
+					}
+					if with == "-" {
+						splice.Hold(section, i, nil)
+					} else {
+						splice.Hold(section, i, []byte(with))
+					}
+				}
+			}
+			if versions, ok := body(a, "versions"); ok {
+				splice.Versions = map[string]float64{}
+				for _, line := range strings.Split(string(versions), "\n") {
+					section, v, _ := strings.Cut(line, " ")
+					f, err := strconv.ParseFloat(v, 64)
+					if err != nil {
+						t.Fatalf("versions line %q", line)
+					}
+					splice.Versions[section] = f
+				}
+			}
+			got, err := splice.Apply(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, _ := body(a, "want.json")
+			if string(got) != string(want) {
+				t.Fatalf("got  %s\nwant %s", got, want)
+			}
+			if err := fastjson.ValidateBytes(got); err != nil {
+				t.Fatalf("not JSON: %v", err)
+			}
+		})
 	}
 }
