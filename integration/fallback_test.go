@@ -253,3 +253,42 @@ func TestFallbackGlobalRuleMoveLandsInOneSync(t *testing.T) {
 		t.Fatalf("global rules after one sync: %s, want g1 with cors and g2 with prometheus", got)
 	}
 }
+
+// TestFallbackNeverTouchesYAML: a YAML body with a rejected item gets APISIX's answer.
+func TestFallbackNeverTouchesYAML(t *testing.T) {
+	s := newStack(t, stackOptions{fallback: true})
+	adminPut(t, s.dpURL, `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/old"}]}`, "seed")
+	body := "routes_conf_version: 2\nroutes:\n  - id: r1\n    uri: /new\n    plugins:\n      nope: {}\n"
+	req, _ := http.NewRequest(http.MethodPut, s.proxyURL+"/apisix/admin/configs", strings.NewReader(body))
+	req.Header.Set("X-API-KEY", adminKey)
+	req.Header.Set("X-Digest", "y")
+	req.Header.Set("Content-Type", "application/yaml")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || s.em.Costs().Rejected != 1 {
+		t.Fatalf("%d, %d rejected PUTs: want APISIX's 400 and no second PUT", resp.StatusCode, s.em.Costs().Rejected)
+	}
+	mustContain(t, s.items(t, "routes"), `"/old"`)
+}
+
+// TestFallbackConsumerKeyMoveOn318: APISIX 3.18 refuses a key-auth key moved to another
+// consumer while the old one still holds it; the new consumer lands in the same sync.
+func TestFallbackConsumerKeyMoveOn318(t *testing.T) {
+	s := newStack(t, stackOptions{fallback: true, version: "3.18.0"})
+	c := s.client(true)
+	withConsumer := func(name string) adcclient.Config {
+		cfg := config("v1")
+		cfg["consumers"] = []map[string]any{{"username": name, "plugins": map[string]any{"key-auth": map[string]any{"key": "shared-key"}}}}
+		return cfg
+	}
+	mustLand(t, sync1(t, c, withConsumer("alice")))
+	res := sync1(t, c, withConsumer("bob"))
+	mustLand(t, res)
+	consumers := jsonOf(s.doc(t)["consumers"])
+	if !strings.Contains(consumers, `"bob"`) || strings.Contains(consumers, `"alice"`) {
+		t.Fatalf("consumers after one sync: %s, want bob holding the key", consumers)
+	}
+}

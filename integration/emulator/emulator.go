@@ -81,6 +81,7 @@ type Costs struct {
 	// worker at 40,000 routes), never for HEAD /apisix/admin or validate.
 	DecodesGET, DecodesHEAD, DecodesPUT int
 	Validates                           int // POST /configs/validate calls
+	Rejected                            int // PUTs answered 4xx or 5xx
 	Pings                               int // HEAD /apisix/admin
 }
 
@@ -229,12 +230,31 @@ func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case uri == "/apisix/admin/configs" && r.Method == http.MethodHead && e.minor >= 14:
 		e.withAuth(w, r, e.head)
 	case uri == "/apisix/admin/configs" && r.Method == http.MethodPut:
-		e.withAuth(w, r, e.put)
+		rec := &rejectRecorder{ResponseWriter: w}
+		e.withAuth(rec, r, e.put)
+		if rec.status >= 400 {
+			e.mu.Lock()
+			e.costs.Rejected++
+			e.mu.Unlock()
+		}
 	case uri == "/apisix/admin/configs/validate" && r.Method == http.MethodPost && e.minor >= 15:
 		e.withAuth(w, r, e.validate)
 	default:
 		writeHTML(w, http.StatusNotFound, nginx404)
 	}
+}
+
+// rejectRecorder notes the status a PUT was answered with.
+type rejectRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *rejectRecorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
 }
 
 // normalizePath models nginx's $uri: merged slashes and resolved dot segments.

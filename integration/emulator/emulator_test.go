@@ -698,6 +698,10 @@ func TestDecodeCounts(t *testing.T) {
 	if got.DecodesHEAD != 2 || got.DecodesGET != 1 || got.DecodesPUT != 1 || got.Pings != 2 || got.Validates != 1 {
 		t.Fatalf("costs %+v: want 2 HEAD, 1 GET, 1 PUT decode (the 204), 2 pings, 1 validate", got)
 	}
+	expect(t, put(`{"routes_conf_version":9,"routes":[{"id":"r1","uri":123}]}`, "b").do(t, em), 400, "*")
+	if got := em.Costs().Rejected; got != 1 {
+		t.Fatalf("rejected PUTs = %d, want 1", got)
+	}
 	em.Restart()
 	expect(t, head.do(t, em), 200, "")
 	if em.Costs().DecodesHEAD != 2 {
