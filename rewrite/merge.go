@@ -238,6 +238,19 @@ func union(section string, client, dataPlane []byte, owned []string) (out []byte
 	return out, slices.Compact(ids), kept, nil
 }
 
+func allOwned(items []arrayItem, owned []string) bool {
+	set := make(map[string]bool, len(owned))
+	for _, id := range owned {
+		set[id] = true
+	}
+	for _, it := range items {
+		if !set[it.id] {
+			return false
+		}
+	}
+	return true
+}
+
 // decideMerged is decideSection for a --merge section.
 func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher, res *Result) (o outcome, change Change, changed bool, err error) {
 	obj := &p.obj
@@ -273,7 +286,15 @@ func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits
 		return o, change, false, ErrStateIncomplete
 	}
 	if p.yaml {
-		return o, change, false, &RefuseError{Reason: fmt.Sprintf("YAML body: %s is merged (--merge) and confshim writes the merged items in JSON only; send this configuration as JSON", clip(section))}
+		// YAML items are never read (§5.6). While the data plane holds only items the
+		// client owns there is nothing to keep: the client's copy goes as for a managed
+		// section. Otherwise the union would have to be written into the client's YAML.
+		theirs, err := splitItems(section, in.State.Items[section])
+		if err == nil && knows && allOwned(theirs, owned) {
+			res.owned[section] = owned
+			return rw.decideSection(section, sl, p, e, in, h)
+		}
+		return o, change, false, &RefuseError{Reason: fmt.Sprintf("YAML body: %s is merged (--merge) and the data plane holds items the client may not own; confshim writes a merged section in JSON only: send this configuration as JSON", clip(section))}
 	}
 	ownedNow := owned // nil without a memory of ownership: nothing is deleted
 	if !knows {
