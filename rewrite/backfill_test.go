@@ -1,8 +1,6 @@
 package rewrite
 
 import (
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -69,56 +67,45 @@ func TestReferences(t *testing.T) {
 // TestBackfillGolden runs testdata/backfill: a body, the holds (section, index, the
 // replacement or "-" to leave it out) and versions to set, and the corrected body.
 func TestBackfillGolden(t *testing.T) {
-	paths, err := filepath.Glob("../testdata/backfill/*.txtar")
-	if err != nil || len(paths) == 0 {
-		t.Fatalf("no golden cases: %v", err)
-	}
-	for _, path := range paths {
-		t.Run(strings.TrimSuffix(filepath.Base(path), ".txtar"), func(t *testing.T) {
-			data, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			a := txtar.Parse(data)
-			var splice Splice
-			b, _ := body(a, "body.json")
-			if holds, ok := body(a, "holds"); ok {
-				for _, line := range strings.Split(string(holds), "\n") {
-					section, rest, _ := strings.Cut(line, " ")
-					index, with, _ := strings.Cut(rest, " ")
-					i, err := strconv.Atoi(index)
-					if err != nil {
-						t.Fatalf("holds line %q", line)
-					}
-					if with == "-" {
-						splice.Hold(section, i, nil)
-					} else {
-						splice.Hold(section, i, []byte(with))
-					}
+	eachGolden(t, "../testdata/backfill", func(t *testing.T, _ string, a *txtar.Archive) {
+		var splice Splice
+		b, _ := body(a, "body.json")
+		if holds, ok := body(a, "holds"); ok {
+			for _, line := range strings.Split(string(holds), "\n") {
+				section, rest, _ := strings.Cut(line, " ")
+				index, with, _ := strings.Cut(rest, " ")
+				i, err := strconv.Atoi(index)
+				if err != nil {
+					t.Fatalf("holds line %q", line)
+				}
+				if with == "-" {
+					splice.Hold(section, i, nil)
+				} else {
+					splice.Hold(section, i, []byte(with))
 				}
 			}
-			if versions, ok := body(a, "versions"); ok {
-				splice.Versions = map[string]float64{}
-				for _, line := range strings.Split(string(versions), "\n") {
-					section, v, _ := strings.Cut(line, " ")
-					f, err := strconv.ParseFloat(v, 64)
-					if err != nil {
-						t.Fatalf("versions line %q", line)
-					}
-					splice.Versions[section] = f
+		}
+		if versions, ok := body(a, "versions"); ok {
+			splice.Versions = map[string]float64{}
+			for _, line := range strings.Split(string(versions), "\n") {
+				section, v, _ := strings.Cut(line, " ")
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatalf("versions line %q", line)
 				}
+				splice.Versions[section] = f
 			}
-			got, err := splice.Apply(b)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want, _ := body(a, "want.json")
-			if string(got) != string(want) {
-				t.Fatalf("got  %s\nwant %s", got, want)
-			}
-			if err := fastjson.ValidateBytes(got); err != nil {
-				t.Fatalf("not JSON: %v", err)
-			}
-		})
-	}
+		}
+		got, err := splice.Apply(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := body(a, "want.json")
+		if string(got) != string(want) {
+			t.Fatalf("got  %s\nwant %s", got, want)
+		}
+		if err := fastjson.ValidateBytes(got); err != nil {
+			t.Fatalf("not JSON: %v", err)
+		}
+	})
 }

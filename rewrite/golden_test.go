@@ -113,10 +113,11 @@ func report(res *Result, err error) string {
 // TestGolden runs every testdata/rewrite/*.txtar case: state.json (a GET body; absent
 // = a fresh data plane), optional record.json, request.json, optional digest and
 // preserve → want.json (the forwarded body) and want.report.
-func TestGolden(t *testing.T) {
-	paths, err := filepath.Glob("../testdata/rewrite/*.txtar")
+// eachGolden runs check on every txtar archive of dir, as a subtest named after it.
+func eachGolden(t *testing.T, dir string, check func(t *testing.T, path string, a *txtar.Archive)) {
+	paths, err := filepath.Glob(filepath.Join(dir, "*.txtar"))
 	if err != nil || len(paths) == 0 {
-		t.Fatalf("no golden cases: %v", err)
+		t.Fatalf("no golden cases in %s: %v", dir, err)
 	}
 	for _, path := range paths {
 		t.Run(strings.TrimSuffix(filepath.Base(path), ".txtar"), func(t *testing.T) {
@@ -124,88 +125,94 @@ func TestGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := txtar.Parse(data)
-			for _, f := range a.Files {
-				if !goldenFiles[f.Name] {
-					t.Fatalf("unknown section %q in %s", f.Name, path)
-				}
-			}
-			preserve := DefaultPreserve
-			if p, ok := body(a, "preserve"); ok {
-				preserve = strings.Split(strings.TrimSpace(string(p)), ",")
-			}
-			var merge []string
-			if m, ok := body(a, "merge"); ok {
-				merge = strings.Split(strings.TrimSpace(string(m)), ",")
-			}
-			rw := NewMerging(preserve, merge)
-			st := freshState()
-			if s, ok := body(a, "state.json"); ok {
-				if st, err = ParseState(s); err != nil {
-					t.Fatalf("state: %v", err)
-				}
-			}
-			var rec *Record
-			if r, ok := body(a, "record.json"); ok {
-				rec = recordFrom(t, rw, r)
-			}
-			req, _ := body(a, "request.json")
-			wantName, prepare := "want.json", rw.Prepare
-			if _, ok := body(a, "request.yaml"); ok {
-				for _, f := range a.Files {
-					if f.Name == "request.yaml" {
-						req, wantName, prepare = f.Data, "want.yaml", rw.PrepareYAML
-					}
-				}
-			}
-			in := Input{Body: req, State: st, Record: rec}
-			if o, ok := body(a, "owned.json"); ok {
-				if err := json.Unmarshal(o, &in.Owned); err != nil {
-					t.Fatalf("owned.json: %v", err)
-				}
-			}
-			if d, ok := body(a, "digest"); ok {
-				in.Digest, in.HasDigest = string(d), true
-			}
-			var res *Result
-			p, err := prepare(req)
-			if err == nil {
-				res, err = rw.Decide(p, in)
-			}
-			gotReport := report(res, err)
-			var gotBody []byte
-			if err == nil {
-				gotBody = res.Body
-				if wantName == "want.json" {
-					if verr := fastjson.ValidateBytes(gotBody); verr != nil {
-						t.Fatalf("output is not valid JSON: %v", verr)
-					}
-				} else if _, yerr := rw.PrepareYAML(gotBody); yerr != nil {
-					t.Fatalf("output YAML does not scan again: %v", yerr)
-				}
-				if !res.Changed && !bytes.Equal(gotBody, req) {
-					t.Fatal("an unchanged result must forward the request's own bytes")
-				}
-			}
-			if *update {
-				if gotBody != nil {
-					setFile(a, wantName, append(gotBody, '\n'))
-				}
-				setFile(a, "want.report", []byte(gotReport))
-				if err := os.WriteFile(path, txtar.Format(a), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			wantBody, _ := body(a, wantName)
-			if !bytes.Equal(gotBody, wantBody) {
-				t.Errorf("body:\n got %s\nwant %s", gotBody, wantBody)
-			}
-			if want, _ := body(a, "want.report"); gotReport != string(want)+"\n" {
-				t.Errorf("report:\n got %s\nwant %s", gotReport, want)
-			}
+			check(t, path, txtar.Parse(data))
 		})
 	}
+}
+
+func TestGolden(t *testing.T) {
+	eachGolden(t, "../testdata/rewrite", func(t *testing.T, path string, a *txtar.Archive) {
+		var err error
+		for _, f := range a.Files {
+			if !goldenFiles[f.Name] {
+				t.Fatalf("unknown section %q in %s", f.Name, path)
+			}
+		}
+		preserve := DefaultPreserve
+		if p, ok := body(a, "preserve"); ok {
+			preserve = strings.Split(strings.TrimSpace(string(p)), ",")
+		}
+		var merge []string
+		if m, ok := body(a, "merge"); ok {
+			merge = strings.Split(strings.TrimSpace(string(m)), ",")
+		}
+		rw := NewMerging(preserve, merge)
+		st := freshState()
+		if s, ok := body(a, "state.json"); ok {
+			if st, err = ParseState(s); err != nil {
+				t.Fatalf("state: %v", err)
+			}
+		}
+		var rec *Record
+		if r, ok := body(a, "record.json"); ok {
+			rec = recordFrom(t, rw, r)
+		}
+		req, _ := body(a, "request.json")
+		wantName, prepare := "want.json", rw.Prepare
+		if _, ok := body(a, "request.yaml"); ok {
+			for _, f := range a.Files {
+				if f.Name == "request.yaml" {
+					req, wantName, prepare = f.Data, "want.yaml", rw.PrepareYAML
+				}
+			}
+		}
+		in := Input{Body: req, State: st, Record: rec}
+		if o, ok := body(a, "owned.json"); ok {
+			if err := json.Unmarshal(o, &in.Owned); err != nil {
+				t.Fatalf("owned.json: %v", err)
+			}
+		}
+		if d, ok := body(a, "digest"); ok {
+			in.Digest, in.HasDigest = string(d), true
+		}
+		var res *Result
+		p, err := prepare(req)
+		if err == nil {
+			res, err = rw.Decide(p, in)
+		}
+		gotReport := report(res, err)
+		var gotBody []byte
+		if err == nil {
+			gotBody = res.Body
+			if wantName == "want.json" {
+				if verr := fastjson.ValidateBytes(gotBody); verr != nil {
+					t.Fatalf("output is not valid JSON: %v", verr)
+				}
+			} else if _, yerr := rw.PrepareYAML(gotBody); yerr != nil {
+				t.Fatalf("output YAML does not scan again: %v", yerr)
+			}
+			if !res.Changed && !bytes.Equal(gotBody, req) {
+				t.Fatal("an unchanged result must forward the request's own bytes")
+			}
+		}
+		if *update {
+			if gotBody != nil {
+				setFile(a, wantName, append(gotBody, '\n'))
+			}
+			setFile(a, "want.report", []byte(gotReport))
+			if err := os.WriteFile(path, txtar.Format(a), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		wantBody, _ := body(a, wantName)
+		if !bytes.Equal(gotBody, wantBody) {
+			t.Errorf("body:\n got %s\nwant %s", gotBody, wantBody)
+		}
+		if want, _ := body(a, "want.report"); gotReport != string(want)+"\n" {
+			t.Errorf("report:\n got %s\nwant %s", gotReport, want)
+		}
+	})
 }
 
 // freshState is what a never-written APISIX 3.14+ reports: 13 versions at 0.
