@@ -352,7 +352,8 @@ func (k *keptConfig) check() error {
 		return errors.New("no versions")
 	}
 	if !printable(k.Digest) || !printable(k.LastModified) {
-		return errors.New("the digest or last-modified value is not a short printable string")
+		// never sent as a header as it is: a re-seed then uses a digest of its own
+		k.Digest, k.LastModified = "", ""
 	}
 	for s, v := range k.Versions {
 		if s == "" || len(s) > 256 || !printable(s) || strings.HasSuffix(s, "_conf_version") {
