@@ -263,20 +263,10 @@ func (pr *putRequest) forward() {
 			}
 		}
 		var fb *fallbackResult
-		var changedSections []string // sections whose content is not the client's decided copy
 		if resp.StatusCode == http.StatusBadRequest {
-			if fb = pr.tryFallback(out, res, resp, respBody); fb != nil {
-				resp.Body.Close() // the corrected PUT's answer is the client's (§8.5)
-				changedSections = backfilledSections(fb.held)
-				if fb2 := pr.secondStep(fb, res); fb2 != nil {
-					fb.resp.Body.Close()
-					fb = fb2
-				}
+			if fb = pr.fallBack(out, res, resp, respBody); fb != nil {
 				resp, respBody, out = fb.resp, fb.respBody, fb.out
 			}
-		}
-		if fb == nil && len(pr.preHeld) > 0 {
-			fb = &fallbackResult{held: pr.preHeld} // held before the PUT: same report
 		}
 		pr.res, pr.bytesOut, pr.answeredByAPISIX = res, len(out.body), true
 		pr.forwardedDigest = pr.in.Digest
@@ -284,30 +274,20 @@ func (pr *putRequest) forward() {
 			pr.forwardedDigest = out.digest
 		}
 		prepared := pr.prepared
-		if fb != nil && fb.prepared != nil {
+		if fb != nil {
 			prepared = fb.prepared // what APISIX took is the corrected body
 		}
 		p.count(res, out, resp)
 		p.keep.afterPut(resp, res, prepared, pr.creds, &p.dp) // before remember: it reads the state the PUT was decided on
 		p.remember(resp, res, out)
-		if resp.StatusCode/100 == 2 {
-			var held []heldItem
-			if fb != nil {
-				held = fb.held
-				// the data plane holds the corrected copy of these, not the client's
-				p.dp.record = p.dp.record.Without(changedSections)
-				if fb.versions != nil { // a second step moved versions past the decision's
-					p.setState(nil, "", "")
-					p.keep.forget()
-				}
-			}
-			p.noteHeld(held)
-			p.heldCorrection = nil
-			if len(pr.preHeld) > 0 && fb != nil && fb.prepared == nil {
-				p.rememberCorrection(pr.clientPrepared, pr.prepared, pr.preHeld)
-			}
+		held := pr.preHeld
+		if fb != nil {
+			held = fb.held
 		}
-		p.respond(pr.w, resp, respBody, res, fb)
+		if resp.StatusCode/100 == 2 {
+			pr.afterAccepted(fb)
+		}
+		p.respond(pr.w, resp, respBody, res, held)
 		return
 	}
 }
@@ -852,7 +832,7 @@ func (p *Proxy) noteMerges(res *rewrite.Result) {
 
 // respond writes APISIX's answer, plus X-Confshim-Actions when sections were rewritten
 // (never on APISIX's refusal of the caller: that would tell a stranger the decision).
-func (p *Proxy) respond(w http.ResponseWriter, resp *http.Response, head []byte, res *rewrite.Result, fb *fallbackResult) {
+func (p *Proxy) respond(w http.ResponseWriter, resp *http.Response, head []byte, res *rewrite.Result, held []heldItem) {
 	defer resp.Body.Close()
 	h := w.Header()
 	for k, v := range resp.Header {
@@ -862,8 +842,8 @@ func (p *Proxy) respond(w http.ResponseWriter, resp *http.Response, head []byte,
 	refused := resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden
 	switch {
 	case refused:
-	case fb != nil:
-		h.Set("X-Confshim-Actions", actionsWithBackfill(res, fb.held))
+	case len(held) > 0:
+		h.Set("X-Confshim-Actions", actionsWithBackfill(res, held))
 	case res != nil && len(res.Changes) > 0:
 		h.Set("X-Confshim-Actions", res.Actions())
 	}

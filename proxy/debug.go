@@ -361,9 +361,7 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 	p.debug.mu.Unlock()
 	sort.Slice(doc.Merge, func(i, j int) bool { return doc.Merge[i].Section < doc.Merge[j].Section })
 
-	if s := p.serverVersion.Load(); s != nil {
-		doc.DataPlane.Server = *s
-	}
+	doc.DataPlane.Server = p.serverString()
 	if at := p.lastAnswer.Load(); at != 0 {
 		t := time.Unix(0, at)
 		doc.DataPlane.LastAnswerAt = &t

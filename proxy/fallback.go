@@ -81,7 +81,7 @@ type fallbackResult struct {
 	out      outgoingPut
 	prepared *rewrite.Prepared // the corrected body, for the kept configuration
 	held     []heldItem
-	done     <-chan struct{}
+	changed  []string           // sections whose content is a correction, not the client's decided copy
 	versions map[string]float64 // a second step's versions (above the corrected PUT's)
 }
 
@@ -93,14 +93,18 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, resp *ht
 		return nil
 	}
 	ctx := pr.r.Context()
-	body := out.body
+	forwarded, err := p.rw.Prepare(out.body) // scanned once, for every round
+	if err != nil {
+		return nil
+	}
+	var accepted *acceptedCopies // read once, when the first item is held
 	var splice rewrite.Splice
 	var held []heldItem
 	for round := 0; ; round++ {
 		var found []rejected
 		var ok bool
 		if round == 0 && p.hasValidate() {
-			found, ok = pr.validateItems(ctx, body)
+			found, ok = pr.validateItems(ctx, forwarded)
 		} else if m := prefixMessage.FindStringSubmatch(errorMessage(respBody)); m != nil && !p.hasValidate() && round < maxPrefixRounds {
 			i, _ := strconv.Atoi(m[2])
 			found, ok = []rejected{{section: m[1], index: i, err: strings.TrimPrefix(errorMessage(respBody), m[0])}}, true
@@ -119,11 +123,12 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, resp *ht
 				found[i].index = originalIndex(&splice, found[i].section, found[i].index)
 			}
 		}
-		more, err := pr.hold(ctx, out.body, &splice, found)
-		if err != nil {
-			return nil
+		if accepted == nil {
+			if accepted, err = pr.acceptedCopies(ctx); err != nil {
+				return nil
+			}
 		}
-		held = append(held, more...)
+		held = append(held, pr.hold(forwarded, accepted, &splice, found)...)
 		corrected, err := splice.Apply(out.body)
 		if err != nil {
 			return nil
@@ -149,7 +154,7 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, resp *ht
 				return nil
 			}
 			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackApplied)).Inc()
-			return &fallbackResult{resp: r2, respBody: b2, out: next, prepared: prepared, held: held, done: done}
+			return &fallbackResult{resp: r2, respBody: b2, out: next, prepared: prepared, held: held}
 		}
 		r2.Body.Close()
 		if r2.StatusCode != http.StatusBadRequest || p.hasValidate() || !itemLevel(b2) {
@@ -158,17 +163,52 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, resp *ht
 				Msg("APISIX rejected the corrected PUT too; its first answer goes to the client")
 			return nil
 		}
-		respBody, body = b2, corrected // 3.13/3.14: the next round names the next item
+		respBody = b2 // 3.13/3.14: the next round names the next item
+	}
+}
+
+// fallBack is §8.5 after APISIX answered a decided PUT 400: the corrected PUT that
+// APISIX accepted (then, where held items now pass, the second one), or nil. The first
+// answer is closed when a corrected one replaces it.
+func (pr *putRequest) fallBack(out outgoingPut, res *rewrite.Result, resp *http.Response, respBody []byte) *fallbackResult {
+	fb := pr.tryFallback(out, res, resp, respBody)
+	if fb == nil {
+		return nil
+	}
+	resp.Body.Close()
+	fb.changed = backfilledSections(fb.held)
+	if fb2 := pr.secondStep(fb, res); fb2 != nil {
+		fb.resp.Body.Close()
+		fb2.changed = fb.changed
+		fb = fb2
+	}
+	return fb
+}
+
+// afterAccepted records what was held back once APISIX accepted the sync: the record
+// forgets the sections whose content is a correction, not the client's decided copy,
+// and a correction made before the PUT is kept for the same client bytes next time.
+func (pr *putRequest) afterAccepted(fb *fallbackResult) {
+	p := pr.p
+	held := pr.preHeld
+	if fb != nil {
+		held = fb.held
+		p.dp.record = p.dp.record.Without(fb.changed)
+		if fb.versions != nil { // a second step moved versions past the decision's
+			p.setState(nil, "", "")
+			p.keep.forget()
+		}
+	}
+	p.noteHeld(held)
+	p.heldCorrection = nil
+	if fb == nil && len(pr.preHeld) > 0 {
+		p.rememberCorrection(pr.clientPrepared, pr.prepared, pr.preHeld)
 	}
 }
 
 // validateItems asks APISIX which items of the sections the PUT carries it rejects,
 // in pieces under its 1.5 MiB cap; false when it could not say.
-func (pr *putRequest) validateItems(ctx context.Context, body []byte) ([]rejected, bool) {
-	prepared, err := pr.p.rw.Prepare(body)
-	if err != nil {
-		return nil, false
-	}
+func (pr *putRequest) validateItems(ctx context.Context, prepared *rewrite.Prepared) ([]rejected, bool) {
 	var found []rejected
 	for _, section := range prepared.Sections(1 << 10) {
 		raw, _ := prepared.JSONItems(section)
@@ -262,11 +302,7 @@ func (pr *putRequest) validateChunk(ctx context.Context, section string, items [
 // hold adds the rejected items to the splice: each replaced by the copy of the same id
 // the data plane last accepted, or left out; then, to a fixed point, every item of the
 // PUT that refers by id to an item left out.
-func (pr *putRequest) hold(ctx context.Context, body []byte, splice *rewrite.Splice, found []rejected) ([]heldItem, error) {
-	prepared, err := pr.p.rw.Prepare(body)
-	if err != nil {
-		return nil, err
-	}
+func (pr *putRequest) hold(prepared *rewrite.Prepared, accepted *acceptedCopies, splice *rewrite.Splice, found []rejected) []heldItem {
 	sections := map[string][]rewrite.Item{}
 	itemsOf := func(section string) []rewrite.Item {
 		if items, ok := sections[section]; ok {
@@ -276,10 +312,6 @@ func (pr *putRequest) hold(ctx context.Context, body []byte, splice *rewrite.Spl
 		items, _ := rewrite.SplitItems(section, raw)
 		sections[section] = items
 		return items
-	}
-	accepted, err := pr.acceptedCopies(ctx)
-	if err != nil {
-		return nil, err
 	}
 	now := time.Now()
 	var held []heldItem
@@ -335,7 +367,7 @@ func (pr *putRequest) hold(ctx context.Context, body []byte, splice *rewrite.Spl
 		pr.p.log.Warn().Str("event", "held_back").Str("section", rewrite.Clip(h.Section)).Str("id", rewrite.Clip(h.ID)).
 			Str("outcome", outcome).Str("error", h.Error).Msg("APISIX rejects this item; the rest of the sync goes on without it")
 	}
-	return held, nil
+	return held
 }
 
 // acceptedCopies finds the copies of items the data plane last accepted, by section
@@ -530,11 +562,12 @@ func (pr *putRequest) preHold(ctx context.Context) ([]byte, []heldItem) {
 	if len(found) == 0 {
 		return nil, nil
 	}
-	var splice rewrite.Splice
-	held, err := pr.hold(ctx, pr.in.Body, &splice, found)
+	accepted, err := pr.acceptedCopies(ctx)
 	if err != nil {
 		return nil, nil
 	}
+	var splice rewrite.Splice
+	held := pr.hold(pr.prepared, accepted, &splice, found)
 	corrected, err := splice.Apply(pr.in.Body)
 	if err != nil {
 		return nil, nil
@@ -600,14 +633,15 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 		}
 	}
 	base := pr.forwardedBody
-	indexed, err := indexByID(p.rw, base, still)
+	forwarded, err := p.rw.Prepare(base)
 	if err != nil {
 		return nil
 	}
-	held, err := pr.hold(ctx, base, &splice, indexed)
+	accepted, err := pr.acceptedCopies(ctx)
 	if err != nil {
 		return nil
 	}
+	held := pr.hold(forwarded, accepted, &splice, indexByID(forwarded, still))
 	splice.Versions = versions
 	body, err := splice.Apply(base)
 	if err != nil {
@@ -630,7 +664,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 	}
 	p.log.Info().Str("event", "fallback").Str("result", "second_put").Int("landed", len(passed)).
 		Msg("items rejected for what the data plane held passed once the rest was applied; sent in a second PUT")
-	return &fallbackResult{resp: r2, respBody: b2, out: next, prepared: prepared, held: held, done: done, versions: versions}
+	return &fallbackResult{resp: r2, respBody: b2, out: next, prepared: prepared, held: held, versions: versions}
 }
 
 // secondStepWindow and secondStepPause: how long and how often held items are
@@ -640,19 +674,12 @@ const (
 	secondStepPause  = 200 * time.Millisecond
 )
 
-// indexByID finds the held items' indexes in body.
-func indexByID(rw *rewrite.Rewriter, body []byte, held []rejected) ([]rejected, error) {
-	prepared, err := rw.Prepare(body)
-	if err != nil {
-		return nil, err
-	}
+// indexByID finds the held items' indexes in the forwarded body.
+func indexByID(forwarded *rewrite.Prepared, held []rejected) []rejected {
 	out := make([]rejected, 0, len(held))
 	for _, h := range held {
-		raw, _ := prepared.JSONItems(h.section)
-		items, err := rewrite.SplitItems(h.section, raw)
-		if err != nil {
-			return nil, err
-		}
+		raw, _ := forwarded.JSONItems(h.section)
+		items, _ := rewrite.SplitItems(h.section, raw)
 		for i, it := range items {
 			if it.ID == h.id {
 				h.index = i
@@ -661,7 +688,7 @@ func indexByID(rw *rewrite.Rewriter, body []byte, held []rejected) ([]rejected, 
 			}
 		}
 	}
-	return out, nil
+	return out
 }
 
 // noteHeld records the items held back in the last accepted sync: metrics, /debug/config.

@@ -136,9 +136,7 @@ func (k *keeper) afterPut(resp *http.Response, res *rewrite.Result, prepared *re
 		}
 		switch {
 		case st != nil && st.ItemsKnown && dp.lastModified != "":
-			kept := keptFromState(st, dp.digest, dp.lastModified)
-			kept.Owned = dp.owned
-			k.set(kept)
+			k.set(keptFromState(st, dp.digest, dp.lastModified, dp.owned))
 		default:
 			k.forget() // someone else wrote: the watch reads it back
 		}
@@ -181,9 +179,10 @@ func (k *keeper) afterPut(resp *http.Response, res *rewrite.Result, prepared *re
 	k.set(next)
 }
 
-// keptFromState is the configuration a full state read shows.
-func keptFromState(st *rewrite.State, digest, lastModified string) *keptConfig {
-	k := &keptConfig{Digest: digest, LastModified: lastModified, Versions: map[string]float64{}, Items: map[string]json.RawMessage{}}
+// keptFromState is the configuration a full state read shows, with the memory of
+// ownership confshim has.
+func keptFromState(st *rewrite.State, digest, lastModified string, owned rewrite.Ownership) *keptConfig {
+	k := &keptConfig{Digest: digest, LastModified: lastModified, Versions: map[string]float64{}, Items: map[string]json.RawMessage{}, Owned: owned}
 	for s, v := range st.Versions {
 		k.Versions[s] = v
 		if items := st.Items[s]; len(items) > 0 {

@@ -76,9 +76,7 @@ func (p *Proxy) refreshKept(ctx context.Context, digest, lastModified string) {
 		return
 	}
 	p.setState(st, d, lm)
-	kept := keptFromState(st, d, lm)
-	kept.Owned = p.dp.owned
-	p.keep.set(kept)
+	p.keep.set(keptFromState(st, d, lm, p.dp.owned))
 	p.keep.refreshDue.Store(false)
 	p.log.Debug().Str("event", "kept_refreshed").Msg("read the data plane's configuration back after a write confshim did not make")
 }
