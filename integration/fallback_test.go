@@ -292,3 +292,24 @@ func TestFallbackConsumerKeyMoveOn318(t *testing.T) {
 		t.Fatalf("consumers after one sync: %s, want bob holding the key", consumers)
 	}
 }
+
+// TestFallbackKeepsHoldingWhatItHeldBeforeAnotherRejection: a route held back before
+// the PUT stays held back (and reported) when APISIX then rejects another new item.
+func TestFallbackKeepsHoldingWhatItHeldBeforeAnotherRejection(t *testing.T) {
+	var pc putCounter
+	s := newStack(t, stackOptions{fallback: true, wrap: pc.wrap})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil))))
+	mustLand(t, sync1(t, c, withRoutes(route("r1", "/changed", unknownPlugin)))) // r1 held back
+	res := sync1(t, c, withRoutes(route("r1", "/changed", unknownPlugin), route("r2", "/new", unknownPlugin)))
+	mustLand(t, res)
+	if got := counter(s.metrics.HeldBackItems.WithLabelValues("routes")); got != 2 {
+		t.Fatalf("held_back_items{routes} = %v, want 2 (r1 before the PUT, r2 after)", got)
+	}
+	rejected := pc.rejected.Load()
+	mustLand(t, sync1(t, c, withRoutes(route("r1", "/changed", unknownPlugin), route("r2", "/new", unknownPlugin))))
+	if pc.rejected.Load() != rejected {
+		t.Fatal("the next sync of the same items was rejected again: one of them was forgotten")
+	}
+	mustContain(t, s.items(t, "routes"), `"/old"`)
+}

@@ -280,10 +280,7 @@ func (pr *putRequest) forward() {
 		p.count(res, out, resp)
 		p.keep.afterPut(resp, res, prepared, pr.creds, &p.dp) // before remember: it reads the state the PUT was decided on
 		p.remember(resp, res, out)
-		held := pr.preHeld
-		if fb != nil {
-			held = fb.held
-		}
+		held := pr.held(fb)
 		if resp.StatusCode/100 == 2 {
 			pr.afterAccepted(fb)
 		}

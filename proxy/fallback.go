@@ -190,9 +190,8 @@ func (pr *putRequest) fallBack(out outgoingPut, res *rewrite.Result, resp *http.
 // and a correction made before the PUT is kept for the same client bytes next time.
 func (pr *putRequest) afterAccepted(fb *fallbackResult) {
 	p := pr.p
-	held := pr.preHeld
+	held := pr.held(fb)
 	if fb != nil {
-		held = fb.held
 		p.dp.record = p.dp.record.Without(fb.changed)
 		if fb.versions != nil { // a second step moved versions past the decision's
 			p.setState(nil, "", "")
@@ -206,11 +205,20 @@ func (pr *putRequest) afterAccepted(fb *fallbackResult) {
 	}
 }
 
+// held is every item this PUT held back: before it (the steady state) and after APISIX
+// rejected the corrected body (new items).
+func (pr *putRequest) held(fb *fallbackResult) []heldItem {
+	if fb == nil {
+		return pr.preHeld
+	}
+	return append(slices.Clip(pr.preHeld), fb.held...)
+}
+
 // validateItems asks APISIX which items of the sections the PUT carries it rejects,
 // in pieces under its 1.5 MiB cap; false when it could not say.
 func (pr *putRequest) validateItems(ctx context.Context, prepared *rewrite.Prepared) ([]rejected, bool) {
 	var found []rejected
-	for _, section := range prepared.Sections(1 << 10) {
+	for _, section := range prepared.ItemSections() {
 		raw, _ := prepared.JSONItems(section)
 		items, err := rewrite.SplitItems(section, raw)
 		if err != nil || len(items) == 0 {
@@ -341,7 +349,7 @@ func (pr *putRequest) hold(prepared *rewrite.Prepared, accepted *acceptedCopies,
 	}
 	for changed := len(leftOut) > 0; changed; { // only an item left out can strand another
 		changed = false
-		for _, section := range prepared.Sections(1 << 10) {
+		for _, section := range prepared.ItemSections() {
 			for i, it := range itemsOf(section) {
 				if splice.Held(section, i) {
 					continue

@@ -109,3 +109,19 @@ func TestBackfillGolden(t *testing.T) {
 		}
 	})
 }
+
+// TestItemSectionsAreUnclipped: the fallback decides with full section names (Sections
+// clips them for reports).
+func TestItemSectionsAreUnclipped(t *testing.T) {
+	long := strings.Repeat("s", 80)
+	p, err := New(nil).Prepare([]byte(`{"` + long + `":[{"id":"a"}],"` + long + `_conf_version":1,"routes_conf_version":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.ItemSections(); len(got) != 1 || got[0] != long {
+		t.Fatalf("%v", got)
+	}
+	if raw, _ := p.JSONItems(p.ItemSections()[0]); string(raw) != `[{"id":"a"}]` {
+		t.Fatalf("%s", raw)
+	}
+}

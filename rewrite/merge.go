@@ -255,9 +255,9 @@ func allOwned(items []arrayItem, owned []string) bool {
 func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher, res *Result) (o outcome, change Change, changed bool, err error) {
 	obj := &p.obj
 	vi, ii := sl.version, sl.items
-	vR, present, err := p.version(vi)
+	vR, present, err := p.sectionVersion(section, vi)
 	if err != nil {
-		return o, change, false, &SkipError{Reason: clip(section) + versionSuffix + " " + err.Error()}
+		return o, change, false, err
 	}
 	vS := in.State.Version(section)
 	_, dpKnows := in.State.Versions[section]

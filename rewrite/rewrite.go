@@ -394,13 +394,9 @@ func (rw *Rewriter) sections(obj *object, st *State) []sectionRef {
 func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher) (o outcome, change Change, changed bool, err error) {
 	obj := &p.obj
 	vi, ii := sl.version, sl.items
-	vR, present, err := p.version(vi)
-	var refuse *RefuseError
-	switch {
-	case errors.As(err, &refuse):
+	vR, present, err := p.sectionVersion(section, vi)
+	if err != nil {
 		return o, change, false, err
-	case err != nil:
-		return o, change, false, &SkipError{Reason: clip(section) + versionSuffix + " " + err.Error()}
 	}
 	vS := in.State.Version(section)
 	_, dpKnows := in.State.Versions[section]
@@ -520,6 +516,20 @@ func (rw *Rewriter) fingerprint(p *Prepared, items []byte, h *semHasher) (uint64
 		return 0, false
 	}
 	return h.sectionFingerprint(items), true
+}
+
+// sectionVersion is version for section's decision: a *RefuseError as it is (400), any
+// other error a *SkipError (APISIX rejects the body itself).
+func (p *Prepared) sectionVersion(section string, vi int) (float64, bool, error) {
+	vR, present, err := p.version(vi)
+	var refuse *RefuseError
+	switch {
+	case errors.As(err, &refuse):
+		return 0, false, err
+	case err != nil:
+		return 0, false, &SkipError{Reason: clip(section) + versionSuffix + " " + err.Error()}
+	}
+	return vR, present, nil
 }
 
 // version reads the *_conf_version member vi: false counts as absent (as in APISIX);
@@ -661,6 +671,19 @@ func (p *Prepared) JSONItems(section string) ([]byte, bool) {
 	}
 	m := p.obj.members[sl.items]
 	return p.body[m.valueStart:m.valueEnd], true
+}
+
+// ItemSections names, unclipped and sorted, the sections whose items the body carries:
+// for decisions (the fallback's validate calls and references).
+func (p *Prepared) ItemSections() []string {
+	out := make([]string, 0, len(p.obj.idx))
+	for s, sl := range p.obj.idx {
+		if sl.items >= 0 {
+			out = append(out, s)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Sections names the sections the body carries (a version or items), sorted, at most
