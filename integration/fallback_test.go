@@ -194,6 +194,8 @@ type statusCapture struct {
 
 func (s *statusCapture) WriteHeader(code int) { s.status = code; s.ResponseWriter.WriteHeader(code) }
 
+func (s *statusCapture) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
 // TestFallbackSteadyStateCostsNothingExtra: the same body re-sent is held back before
 // the PUT: no rejected PUT, no validate call, and nothing reloads.
 func TestFallbackSteadyStateCostsNothingExtra(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -56,6 +57,7 @@ type putRequest struct {
 	p     *Proxy
 	w     http.ResponseWriter
 	r     *http.Request
+	ctx   context.Context // under the lock: the request's, bounded by the PUT's deadline
 	creds credentials
 
 	in          rewrite.Input // the body and the client's digest
@@ -99,8 +101,20 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 	if !pr.prepare() || !pr.lock() {
 		return
 	}
-	defer p.unlockPut()
-	pr.forward()
+	if a := pr.underLock(); a != nil {
+		a.write(pr.w) // the lock is free again: the next PUT need not wait for this client
+	}
+}
+
+// underLock decides and sends within the PUT's one deadline: every upstream call it
+// makes (state reads, the PUT, a conflict's retry, the fallback's validate calls and
+// corrected PUTs) shares --upstream-timeout, so nothing here can hang longer.
+func (pr *putRequest) underLock() *answer {
+	defer pr.p.unlockPut()
+	ctx, cancel := context.WithTimeout(pr.r.Context(), pr.p.cfg.UpstreamTimeout)
+	defer cancel()
+	pr.ctx = ctx
+	return pr.forward()
 }
 
 // record files the PUT for /debug/config.
@@ -211,8 +225,9 @@ func (pr *putRequest) lock() bool {
 	}
 }
 
-// forward decides and sends under the lock, and answers the client.
-func (pr *putRequest) forward() {
+// forward decides and sends under the lock. It returns APISIX's answer for the client,
+// or nil when it answered with an error of its own.
+func (pr *putRequest) forward() *answer {
 	p := pr.p
 	conflictRetried, redials := false, 0
 	for fresh := false; ; fresh = true {
@@ -224,10 +239,10 @@ func (pr *putRequest) forward() {
 			switch {
 			case errors.As(err, &refuse):
 				p.refuse(pr.w, refuse)
-				return
+				return nil
 			case err != nil:
 				p.stateReadFailed(pr.w, pr.r, err)
-				return
+				return nil
 			}
 		}
 		if pr.untouched != "" {
@@ -250,7 +265,7 @@ func (pr *putRequest) forward() {
 		}
 		if err != nil {
 			p.upstreamFailed(pr.w, pr.r, err, "PUT "+ConfigsPath)
-			return
+			return nil
 		}
 		if resp.StatusCode == http.StatusBadRequest && bytes.Contains(respBody, []byte(conflictMessage)) {
 			p.setState(nil, "", "") // something wrote in between: never trust the cache again
@@ -264,7 +279,15 @@ func (pr *putRequest) forward() {
 		}
 		var fb *fallbackResult
 		if resp.StatusCode == http.StatusBadRequest {
-			if fb = pr.fallBack(out, res, resp, respBody); fb != nil {
+			var lost error
+			if fb, lost = pr.fallBack(out, res, respBody); lost != nil {
+				// a corrected PUT got no answer: whether APISIX applied it is unknown,
+				// so confshim believes nothing and says so
+				p.setState(nil, "", "")
+				p.upstreamFailed(pr.w, pr.r, lost, "the corrected PUT of --fallback backfill (APISIX may have applied it)")
+				return nil
+			}
+			if fb != nil {
 				resp, respBody, out = fb.resp, fb.respBody, fb.out
 			}
 		}
@@ -284,8 +307,7 @@ func (pr *putRequest) forward() {
 		if resp.StatusCode/100 == 2 {
 			pr.afterAccepted(fb)
 		}
-		p.respond(pr.w, resp, respBody, res, held)
-		return
+		return &answer{resp: resp, body: respBody, actions: actionsHeader(resp, res, held)}
 	}
 }
 
@@ -293,7 +315,7 @@ func (pr *putRequest) forward() {
 // (reset, closed while idle, or another transport failure), not because the client left
 // or time ran out.
 func (pr *putRequest) connectionBroke(err error) bool {
-	if err == nil {
+	if err == nil || errors.Is(err, errConnectionHeld) {
 		return false
 	}
 	kind, _ := classify(pr.r.Context(), err)
@@ -303,7 +325,7 @@ func (pr *putRequest) connectionBroke(err error) bool {
 // send forwards one complete PUT. A decided body goes on the connection its state was
 // read on, or not at all (errRedial).
 func (pr *putRequest) send(out outgoingPut, res *rewrite.Result) (*http.Response, []byte, error) {
-	rt, ctx := pr.p.tr.shared, pr.r.Context()
+	rt, ctx := pr.p.tr.shared, pr.ctx
 	if res != nil {
 		rt, ctx = pr.p.tr.decide, noRedial(ctx)
 	}
@@ -319,7 +341,7 @@ func (pr *putRequest) send(out outgoingPut, res *rewrite.Result) (*http.Response
 // decide reads the data plane's state and runs the rewrite; it sets pr.untouched
 // instead when the body goes to APISIX as it came.
 func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
-	p, ctx := pr.p, pr.r.Context()
+	p, ctx := pr.p, pr.ctx
 	st, err := p.stateFor(ctx, pr.creds, fresh)
 	var refused RefusedError
 	if errors.As(err, &refused) {
@@ -702,8 +724,9 @@ func (p *Proxy) outgoing(in rewrite.Input, res *rewrite.Result) outgoingPut {
 	return out
 }
 
-// forwardPut sends one complete PUT. For a 400 it also returns the (bounded) body, to
-// recognise a version conflict. done closes when the transport let go of the body.
+// forwardPut sends one complete PUT and reads APISIX's answer whole (readAnswer): the
+// response it returns has an empty body, the bytes come apart. done closes when the
+// transport let go of the request body.
 func (p *Proxy) forwardPut(ctx context.Context, rt http.RoundTripper, r *http.Request, out outgoingPut) (*http.Response, []byte, <-chan struct{}, error) {
 	body := newSentBody(out.body)
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.UpstreamTimeout)
@@ -727,17 +750,36 @@ func (p *Proxy) forwardPut(ctx context.Context, rt http.RoundTripper, r *http.Re
 		cancel()
 		return nil, nil, body.done, err
 	}
+	defer cancel()
 	p.noteAnswer(resp)
-	resp.Body = cancelOnClose{resp.Body, cancel}
-	var head []byte
-	if resp.StatusCode == http.StatusBadRequest {
-		head, err = io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		if err != nil {
-			resp.Body.Close()
-			return nil, nil, body.done, err
-		}
+	answer, err := p.readAnswer(resp)
+	if err != nil {
+		return nil, nil, body.done, err
 	}
-	return resp, head, body.done, nil
+	return resp, answer, body.done, nil
+}
+
+// maxAnswerBytes bounds an answer to a configs PUT or a re-seed, which confshim reads
+// whole (APISIX's Lua writes a few hundred bytes there at most).
+const maxAnswerBytes = 1 << 20
+
+// readAnswer reads an answer's body to its end and closes it, so that its connection
+// is free for the next request at once: APISIX answers chunked (spec §12), and a
+// connection whose chunked body is still open is not reused — a second request on the
+// decide connection would wait for it for ever. The body left on resp is empty. A
+// longer answer is cut at maxAnswerBytes (its connection then closes).
+func (p *Proxy) readAnswer(resp *http.Response) ([]byte, error) {
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
+	resp.Body = http.NoBody
+	if err != nil {
+		return nil, err
+	}
+	if len(body) > maxAnswerBytes {
+		p.log.Warn().Str("event", "long_answer").Int("status", resp.StatusCode).Msg("APISIX's answer is over 1 MiB; the client gets its first 1 MiB")
+		body = body[:maxAnswerBytes]
+	}
+	return body, nil
 }
 
 // sentBody is a request body that says when the transport closed it: only then may
@@ -827,26 +869,43 @@ func (p *Proxy) noteMerges(res *rewrite.Result) {
 	}
 }
 
-// respond writes APISIX's answer, plus X-Confshim-Actions when sections were rewritten
-// (never on APISIX's refusal of the caller: that would tell a stranger the decision).
-func (p *Proxy) respond(w http.ResponseWriter, resp *http.Response, head []byte, res *rewrite.Result, held []heldItem) {
-	defer resp.Body.Close()
+// answer is APISIX's answer to the client's PUT, read whole, to be written once the
+// lock is free.
+type answer struct {
+	resp    *http.Response // status and headers; the body was read into body
+	body    []byte
+	actions string // X-Confshim-Actions, "" for none
+}
+
+// actionsHeader is X-Confshim-Actions when sections were rewritten (never on APISIX's
+// refusal of the caller: that would tell a stranger the decision).
+func actionsHeader(resp *http.Response, res *rewrite.Result, held []heldItem) string {
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		return ""
+	case len(held) > 0:
+		return actionsWithBackfill(res, held)
+	case res != nil && len(res.Changes) > 0:
+		return res.Actions()
+	}
+	return ""
+}
+
+// write answers the client with APISIX's status, headers and body.
+func (a *answer) write(w http.ResponseWriter) {
 	h := w.Header()
-	for k, v := range resp.Header {
+	for k, v := range a.resp.Header {
 		h[k] = v
 	}
 	removeHopHeaders(h)
-	refused := resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden
-	switch {
-	case refused:
-	case len(held) > 0:
-		h.Set("X-Confshim-Actions", actionsWithBackfill(res, held))
-	case res != nil && len(res.Changes) > 0:
-		h.Set("X-Confshim-Actions", res.Actions())
+	if h.Get("Content-Length") != "" {
+		h.Set("Content-Length", strconv.Itoa(len(a.body))) // the same, unless readAnswer cut it
 	}
-	w.WriteHeader(resp.StatusCode)
-	if len(head) > 0 {
-		_, _ = w.Write(head)
+	if a.actions != "" {
+		h.Set("X-Confshim-Actions", a.actions)
 	}
-	_, _ = io.Copy(w, resp.Body)
+	w.WriteHeader(a.resp.StatusCode)
+	if len(a.body) > 0 {
+		_, _ = w.Write(a.body)
+	}
 }

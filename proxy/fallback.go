@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"regexp"
@@ -86,16 +87,17 @@ type fallbackResult struct {
 }
 
 // tryFallback is called after APISIX answered a decided PUT 400; nil means the client
-// gets that first answer.
-func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, resp *http.Response, respBody []byte) *fallbackResult {
+// gets that first answer. lost is a corrected PUT's transport error: it was sent and got
+// no answer, so whether APISIX applied it is unknown.
+func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody []byte) (fb *fallbackResult, lost error) {
 	p := pr.p
 	if !p.cfg.Fallback || res == nil || pr.prepared == nil || !pr.prepared.IsJSON() || !itemLevel(respBody) {
-		return nil
+		return nil, nil
 	}
-	ctx := pr.r.Context()
+	ctx := pr.ctx
 	forwarded, err := p.rw.Prepare(out.body) // scanned once, for every round
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	var accepted *acceptedCopies // read once, when the first item is held
 	var splice rewrite.Splice
@@ -116,7 +118,7 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, resp *ht
 			} else {
 				p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackRejected)).Inc()
 			}
-			return nil
+			return nil, nil
 		}
 		if round > 0 { // APISIX counted in the corrected body: find the client's index
 			for i := range found {
@@ -125,13 +127,14 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, resp *ht
 		}
 		if accepted == nil {
 			if accepted, err = pr.acceptedCopies(ctx); err != nil {
-				return nil
+				pr.unavailable("the copies the data plane accepted could not be read", err)
+				return nil, nil
 			}
 		}
 		held = append(held, pr.hold(forwarded, accepted, &splice, found)...)
 		corrected, err := splice.Apply(out.body)
 		if err != nil {
-			return nil
+			return nil, nil
 		}
 		next := outgoingPut{body: corrected, digest: out.digest, setDigest: out.setDigest}
 		if pr.in.HasDigest {
@@ -141,48 +144,60 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, resp *ht
 			}
 			next.digest, next.setDigest = base+"+backfill:"+heldHash(held), true
 		}
+		if ctx.Err() != nil { // the deadline: nothing corrected was sent, the first answer stands
+			pr.unavailable("the PUT's deadline passed before the corrected PUT", ctx.Err())
+			return nil, nil
+		}
 		r2, b2, done, err := p.forwardPut(noRedial(ctx), p.tr.decide, pr.r, next)
 		pr.sent = append(pr.sent, done)
 		if err != nil {
 			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackUnavailable)).Inc()
-			return nil
+			if errors.Is(err, errRedial) || errors.Is(err, errConnectionHeld) {
+				return nil, nil // never sent: the first answer stands
+			}
+			return nil, err
 		}
 		if r2.StatusCode/100 == 2 {
 			prepared, err := p.rw.Prepare(corrected)
 			if err != nil {
-				r2.Body.Close()
-				return nil
+				return nil, nil
 			}
 			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackApplied)).Inc()
-			return &fallbackResult{resp: r2, respBody: b2, out: next, prepared: prepared, held: held}
+			return &fallbackResult{resp: r2, respBody: b2, out: next, prepared: prepared, held: held}, nil
 		}
-		r2.Body.Close()
 		if r2.StatusCode != http.StatusBadRequest || p.hasValidate() || !itemLevel(b2) {
 			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackRejected)).Inc()
 			p.log.Info().Str("event", "fallback").Str("result", "rejected").Int("status", r2.StatusCode).Str("error", errorMessage(b2)).
 				Msg("APISIX rejected the corrected PUT too; its first answer goes to the client")
-			return nil
+			return nil, nil
 		}
 		respBody = b2 // 3.13/3.14: the next round names the next item
 	}
 }
 
 // fallBack is §8.5 after APISIX answered a decided PUT 400: the corrected PUT that
-// APISIX accepted (then, where held items now pass, the second one), or nil. The first
-// answer is closed when a corrected one replaces it.
-func (pr *putRequest) fallBack(out outgoingPut, res *rewrite.Result, resp *http.Response, respBody []byte) *fallbackResult {
-	fb := pr.tryFallback(out, res, resp, respBody)
+// APISIX accepted (then, where held items now pass, the second one), or nil. Every
+// answer was read whole, so each request finds its connection free. lost: see
+// tryFallback.
+func (pr *putRequest) fallBack(out outgoingPut, res *rewrite.Result, respBody []byte) (*fallbackResult, error) {
+	fb, lost := pr.tryFallback(out, res, respBody)
 	if fb == nil {
-		return nil
+		return nil, lost
 	}
-	resp.Body.Close()
 	fb.changed = backfilledSections(fb.held)
 	if fb2 := pr.secondStep(fb, res); fb2 != nil {
-		fb.resp.Body.Close()
 		fb2.changed = fb.changed
 		fb = fb2
 	}
-	return fb
+	return fb, nil
+}
+
+// unavailable counts and logs a fallback that could not go on: the client gets the last
+// complete answer confshim has.
+func (pr *putRequest) unavailable(why string, err error) {
+	pr.p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackUnavailable)).Inc()
+	pr.p.log.Info().Str("event", "fallback").Str("result", "unavailable").Str("error", safeError(err)).
+		Msg(why + "; the last complete answer goes to the client")
 }
 
 // afterAccepted records what was held back once APISIX accepted the sync: the record
@@ -599,7 +614,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 	if len(waiting) == 0 {
 		return nil
 	}
-	ctx := pr.r.Context()
+	ctx := pr.ctx
 	deadline := time.Now().Add(secondStepWindow)
 	var passed map[string]bool
 	for passed == nil && time.Now().Before(deadline) {
@@ -615,11 +630,15 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 		}
 		select {
 		case <-ctx.Done():
+			pr.unavailable("the PUT's deadline passed while held items were validated again", ctx.Err())
 			return nil
 		case <-time.After(secondStepPause):
 		}
 	}
 	if passed == nil {
+		if ctx.Err() != nil {
+			pr.unavailable("the PUT's deadline passed while held items were validated again", ctx.Err())
+		}
 		return nil
 	}
 	// the forwarded body again, holding back only what still fails, the sections that
@@ -655,19 +674,25 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 	if err != nil {
 		return nil
 	}
+	if ctx.Err() != nil {
+		pr.unavailable("the PUT's deadline passed before the second PUT", ctx.Err())
+		return nil
+	}
 	next := outgoingPut{body: body, digest: fb.out.digest + "+2", setDigest: fb.out.setDigest}
 	r2, b2, done, err := p.forwardPut(noRedial(ctx), p.tr.decide, pr.r, next)
 	pr.sent = append(pr.sent, done)
 	if err != nil {
+		// the second PUT got no answer: the client gets the first corrected PUT's, and
+		// the state is read afresh next time (the second may have landed)
+		p.setState(nil, "", "")
+		pr.unavailable("the second PUT got no answer", err)
 		return nil
 	}
 	if r2.StatusCode/100 != 2 {
-		r2.Body.Close()
 		return nil
 	}
 	prepared, err := p.rw.Prepare(body)
 	if err != nil {
-		r2.Body.Close()
 		return nil
 	}
 	p.log.Info().Str("event", "fallback").Str("result", "second_put").Int("landed", len(passed)).

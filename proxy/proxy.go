@@ -405,7 +405,10 @@ func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error
 	p.m.UpstreamError(kind)
 	p.log.Warn().Str("kind", string(kind)).Str("op", what).Str("error", safeError(err)).Msg("upstream request failed")
 	msg := "upstream " + string(kind) + ": " + what
-	if kind == metrics.Timeout {
+	switch {
+	case errors.Is(err, errConnectionHeld):
+		msg = err.Error() + ": " + what
+	case kind == metrics.Timeout:
 		msg = fmt.Sprintf("upstream did not answer within --upstream-timeout (%s): %s", p.cfg.UpstreamTimeout, what)
 	}
 	p.writeError(w, status, msg)
@@ -418,6 +421,9 @@ const clientGone metrics.UpstreamErrorKind = "client_gone"
 func classify(ctx context.Context, err error) (metrics.UpstreamErrorKind, int) {
 	if ctx.Err() == context.Canceled || errors.Is(err, context.Canceled) {
 		return clientGone, 0
+	}
+	if errors.Is(err, errConnectionHeld) {
+		return metrics.OtherError, http.StatusBadGateway
 	}
 	var netErr net.Error
 	var tlsRecord tls.RecordHeaderError

@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"io"
 	"net/http"
 	"slices"
 	"time"
@@ -127,9 +126,8 @@ func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *
 		p.keep.refreshDue.Store(true) // look again at the next tick
 		return false
 	}
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-	resp.Body.Close()
 	p.noteAnswer(resp)
+	msg, _ := p.readAnswer(resp) // to its end: the client's PUT may follow on this connection
 	took := time.Since(foundEmpty)
 	if resp.StatusCode != http.StatusAccepted {
 		p.m.Reseed(metrics.ReseedFailed)

@@ -3,10 +3,12 @@ package proxy
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -76,8 +78,58 @@ func newTransports(shared http.RoundTripper) transports {
 		dials.Add(1)
 		return dialer.DialContext(ctx, network, addr)
 	}
-	t.decide, t.ping = decide, ping
+	t.decide, t.ping = &exclusive{rt: decide}, ping
 	return t
+}
+
+// errConnectionHeld: a request on the decide connection while an answer on it is still
+// open. Its one connection may not be redialled, so the request would wait for it for
+// ever; it fails at once instead. Every answer is read whole first (readAnswer), so
+// this is a bug caught, never an expected path.
+var errConnectionHeld = errors.New("the connection to the data plane is still held by an answer confshim has not read; nothing was sent")
+
+// exclusive guards the decide transport: a request goes only while no answer it gave
+// is still open (its body neither read to the end nor closed).
+type exclusive struct {
+	rt   http.RoundTripper
+	open atomic.Int32
+}
+
+func (x *exclusive) RoundTrip(req *http.Request) (*http.Response, error) {
+	if x.open.Load() > 0 {
+		if req.Body != nil {
+			req.Body.Close() // a RoundTripper must close the body, also on error
+		}
+		return nil, errConnectionHeld
+	}
+	resp, err := x.rt.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	x.open.Add(1)
+	resp.Body = &openAnswer{ReadCloser: resp.Body, done: func() { x.open.Add(-1) }}
+	return resp, nil
+}
+
+// openAnswer calls done once, when its body was read to the end or closed.
+type openAnswer struct {
+	io.ReadCloser
+	done func()
+	once sync.Once
+}
+
+func (a *openAnswer) Read(b []byte) (int, error) {
+	n, err := a.ReadCloser.Read(b)
+	if err == io.EOF {
+		a.once.Do(a.done)
+	}
+	return n, err
+}
+
+func (a *openAnswer) Close() error {
+	err := a.ReadCloser.Close()
+	a.once.Do(a.done)
+	return err
 }
 
 // noteServer learns APISIX's version from its Server header (APISIX/3.17.0): the probe

@@ -198,8 +198,9 @@ func (e *Emulator) SectionVersion(section string) float64 {
 	return f
 }
 
-const nginx404 = "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>openresty</center>\r\n</body>\r\n</html>\r\n"
-const nginx500 = "<html>\r\n<head><title>500 Internal Server Error</title></head>\r\n<body>\r\n<center><h1>500 Internal Server Error</h1></center>\r\n<hr><center>openresty</center>\r\n</body>\r\n</html>\r\n"
+// nginx's own pages, as the real APISIX of testdata/apisix-wire sends them.
+const nginx404 = "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+const nginx500 = "<html>\r\n<head><title>500 Internal Server Error</title></head>\r\n<body>\r\n<center><h1>500 Internal Server Error</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
 
 // ServeHTTP routes like APISIX's admin server (INIT http_admin, AI standalone_uri_route).
 func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -210,6 +211,7 @@ func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Access-Control-Allow-Credentials", "true")
 	h.Set("Access-Control-Expose-Headers", "*")
 	h.Set("Access-Control-Max-Age", "3600")
+	h.Set("Connection", "keep-alive") // nginx says so; net/http replaces it when the request asked to close
 	if r.Method == http.MethodOptions {
 		h.Set("Access-Control-Allow-Methods", "POST, GET, PUT, OPTIONS, DELETE, PATCH")
 		h.Set("Access-Control-Allow-Headers", "*")
@@ -257,6 +259,8 @@ func (r *rejectRecorder) WriteHeader(code int) {
 	r.ResponseWriter.WriteHeader(code)
 }
 
+func (r *rejectRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
 // normalizePath models nginx's $uri: merged slashes and resolved dot segments.
 func normalizePath(p string) string {
 	if p == "" {
@@ -270,8 +274,10 @@ func normalizePath(p string) string {
 	return clean
 }
 
+// writeHTML is one of nginx's own pages: the only answers sent with Content-Length
+// (net/http sets it for a short body written in one go).
 func writeHTML(w http.ResponseWriter, status int, page string) {
-	w.Header().Set("Content-Type", "text/html")
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
 	_, _ = io.WriteString(w, page)
 }
@@ -283,13 +289,28 @@ func writeJSON(w http.ResponseWriter, status int, body table) {
 		writeHTML(w, http.StatusInternalServerError, nginx500)
 		return
 	}
-	w.WriteHeader(status)
-	_, _ = w.Write(append(b, '\n'))
+	writeLua(w, status, append(b, '\n'))
 }
 
 func writeText(w http.ResponseWriter, status int, text string) {
+	writeLua(w, status, []byte(text))
+}
+
+// writeLua answers as nginx frames what Lua writes (spec §12): the headers go out
+// before the body is known, so over HTTP/1.1 the body is chunked, and an empty one is
+// just the last chunk. A 204 and a HEAD answer carry no body and no framing at all.
+// Wrappers of w must Unwrap for the flush to reach the connection.
+func writeLua(w http.ResponseWriter, status int, body []byte) {
+	if status == http.StatusNoContent {
+		w.Header().Del("Content-Type")
+		w.WriteHeader(status)
+		return
+	}
 	w.WriteHeader(status)
-	_, _ = io.WriteString(w, text)
+	_ = http.NewResponseController(w).Flush()
+	if len(body) > 0 {
+		_, _ = w.Write(body)
+	}
 }
 
 func errorMsg(msg string) table { return table{"error_msg": msg} }
@@ -479,7 +500,7 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 	if e.minor >= 14 && e.doc != nil {
 		if stored, _ := e.doc["X-Digest"].(string); stored == digest {
 			e.costs.NoContent++
-			w.WriteHeader(http.StatusNoContent)
+			writeLua(w, http.StatusNoContent, nil)
 			return
 		}
 	}
@@ -520,7 +541,7 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Last-Modified", formatLuaNumber(lastModified))
 		w.Header().Set("X-Digest", digest)
 	}
-	w.WriteHeader(http.StatusAccepted)
+	writeLua(w, http.StatusAccepted, nil)
 }
 
 // applied is the document the workers have applied (the caller holds e.mu).
@@ -791,5 +812,5 @@ func (e *Emulator) validate(w http.ResponseWriter, r *http.Request) {
 		writeText(w, http.StatusOK, "{}\n")
 		return
 	}
-	w.WriteHeader(http.StatusOK)
+	writeLua(w, http.StatusOK, nil)
 }

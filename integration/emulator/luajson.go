@@ -13,8 +13,9 @@ import (
 
 // This file models lua-cjson as OpenResty configures it for APISIX: the decoder's
 // error messages, the Lua value model (an empty array and an empty object are the same
-// empty table), and the encoder's quirks (14 significant digits, "\/", NaN refused,
-// every empty table written as {}).
+// empty table), and the encoder's quirks (14 significant digits, NaN refused, every
+// empty table written as {}). APISIX's core.json turns cjson's escaping of "/" off
+// (encode_escape_forward_slash(false)): a real 3.17 answers "uri":"/x" (testdata/apisix-wire).
 
 // luaNull is cjson.null: a truthy light userdata, distinct from an absent key.
 type luaNull struct{}
@@ -339,8 +340,6 @@ func encodeString(buf *bytes.Buffer, s string) {
 			buf.WriteString(`\"`)
 		case '\\':
 			buf.WriteString(`\\`)
-		case '/':
-			buf.WriteString(`\/`)
 		case '\b':
 			buf.WriteString(`\b`)
 		case '\f':
