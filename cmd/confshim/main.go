@@ -120,10 +120,12 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		Handler:           p,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       5 * time.Minute, // a 64 MiB body over a slow link
-		WriteTimeout:      4*opts.upstreamTimeout + time.Minute,
-		IdleTimeout:       125 * time.Second, // longer than ADC keeps idle sockets (100–120 s)
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          proxy.StdLogger(logger),
+		// the probe and the PUT's one deadline, each --upstream-timeout, and a minute
+		// for the body's arrival and the wait for the PUT lock
+		WriteTimeout:   2*opts.upstreamTimeout + time.Minute,
+		IdleTimeout:    125 * time.Second, // longer than ADC keeps idle sockets (100–120 s)
+		MaxHeaderBytes: 64 << 10,
+		ErrorLog:       proxy.StdLogger(logger),
 	}
 	metricsSrv := &http.Server{
 		Handler:           internalHandler(reg, p, &shuttingDown),

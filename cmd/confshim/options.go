@@ -71,7 +71,7 @@ var flagSpecs = []flagSpec{
 	{"merge", "", "comma-separated sections shared item by item with out-of-band writers (e.g. global_rules,secrets): the client's items follow its snapshot, items it never sent are kept; a section named here leaves the default --preserve list, naming it in both is an error", false},
 	{"max-body-bytes", "67108864", "largest request body accepted; larger ones get 413", false},
 	{"body-budget-bytes", "0", "request bodies buffered at once, all connections together (0: 4 × --max-body-bytes); past it a body waits up to 10s, then gets 503", false},
-	{"upstream-timeout", "60s", "timeout of each upstream request (a repaired PUT makes a few: a probe, a state read, the PUT, and after a version conflict or a closed connection another read and PUT)", false},
+	{"upstream-timeout", "60s", "bound of each upstream request, and one deadline for all that a configs PUT asks APISIX once decided: state reads, the PUT, a conflict's retry, the fallback's validate calls and corrected PUTs (the probe before the body is read has its own)", false},
 	{"shutdown-timeout", "20s", "how long SIGTERM waits for in-flight requests", false},
 	{"admin-key", "", "key for confshim's own background requests (readiness, re-seeding); never used for, added to or replacing the key of a caller's request", false},
 	{"log-level", "info", "debug, info, warn or error", false},
