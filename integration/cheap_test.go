@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/confshim/confshim/integration/adcclient"
@@ -156,4 +157,38 @@ func TestCheapLeaderChangeReloadsOnlyWhatChanged(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCheapReorderedUpstreamsSettleReorderedRoutesApply: a replica that led for a
+// while, or a bypassCache sync, sends the same items in another order at new versions.
+// In upstreams (order-free, §8.1) that is settled and nothing reloads; in routes order
+// can decide which route matches, so the reorder is applied.
+func TestCheapReorderedUpstreamsSettleReorderedRoutesApply(t *testing.T) {
+	s := newStack(t, stackOptions{})
+	ups := `{"id":"u1","type":"roundrobin","nodes":{"10.0.0.1:80":1}},{"id":"u2","type":"roundrobin","nodes":{"10.0.0.2:80":1}}`
+	upsReordered := `{"id":"u2","type":"roundrobin","nodes":{"10.0.0.2:80":1}},{"id":"u1","type":"roundrobin","nodes":{"10.0.0.1:80":1}}`
+	routes := `{"id":"r1","uri":"/a","upstream_id":"u1"},{"id":"r2","uri":"/b","upstream_id":"u2"}`
+	routesReordered := `{"id":"r2","uri":"/b","upstream_id":"u2"},{"id":"r1","uri":"/a","upstream_id":"u1"}`
+	body := func(v int, ups, routes string) string {
+		return fmt.Sprintf(`{"upstreams_conf_version":%d,"upstreams":[%s],"routes_conf_version":%d,"routes":[%s]}`, v, ups, v, routes)
+	}
+	if status, _ := rawPut(t, s.proxyURL, body(1, ups, routes), "d1"); status != http.StatusAccepted {
+		t.Fatalf("first sync: %d", status)
+	}
+	reloads := s.em.Reloads()
+	status, hdr := rawPut(t, s.proxyURL, body(2, upsReordered, routes), "d2")
+	if status/100 != 2 || !strings.Contains(hdr.Get("X-Confshim-Actions"), "upstreams=settled") {
+		t.Fatalf("reordered upstreams: %d %q, want upstreams=settled", status, hdr.Get("X-Confshim-Actions"))
+	}
+	if got := s.em.Reloads(); got["upstreams"] != reloads["upstreams"] || got["routes"] != reloads["routes"] {
+		t.Fatalf("a reorder of upstreams reloaded: before %v after %v", reloads, got)
+	}
+	status, _ = rawPut(t, s.proxyURL, body(3, ups, routesReordered), "d3")
+	if status != http.StatusAccepted {
+		t.Fatalf("reordered routes: %d", status)
+	}
+	if got := s.em.Reloads(); got["routes"] != reloads["routes"]+1 {
+		t.Fatalf("a reorder of routes must be applied: routes reloaded %d times, want %d", got["routes"], reloads["routes"]+1)
+	}
+	mustContain(t, jsonOf(s.doc(t)["routes"]), `[{"id":"r2"`)
 }

@@ -150,7 +150,7 @@ func (rw *Rewriter) ItemFingerprint(item []byte) uint64 {
 	h := semHasher{seed: rw.seed}
 	wrapped := make([]byte, 0, len(item)+2)
 	wrapped = append(append(append(wrapped, '['), item...), ']')
-	return h.sectionFingerprint(wrapped)
+	return h.sectionFingerprint("", wrapped)
 }
 
 // SectionSum is the hash the scan keeps of a section's items value (false: no items).

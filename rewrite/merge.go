@@ -306,8 +306,8 @@ func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits
 	}
 	res.owned[section] = ids
 	res.Merges = append(res.Merges, MergeReport{Section: section, ClientOwned: len(ids), Kept: kept, Unowned: !knows && kept > 0})
-	o.fp, o.fpKnown = h.sectionFingerprint(merged), true
-	eq := o.fp == h.sectionFingerprint(in.State.Items[section])
+	o.fp, o.fpKnown = h.sectionFingerprint(section, merged), true
+	eq := o.fp == h.sectionFingerprint(section, in.State.Items[section])
 	switch {
 	case eq && present && vR == vS:
 		o.applied = vS

@@ -437,7 +437,7 @@ func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edit
 	}
 	if !present {
 		o.applied = storable(vS + 1)
-		o.fp, o.fpKnown = rw.fingerprint(p, items, h)
+		o.fp, o.fpKnown = rw.fingerprint(p, section, items, h)
 		return o, change, false, nil
 	}
 	eq, fp, fpKnown, err := rw.equal(section, items, o.sum, vS, p, in, h)
@@ -504,18 +504,18 @@ func (rw *Rewriter) equal(section string, items []byte, sum uint64, vS float64, 
 		// ask for the items before fingerprinting: the call is repeated with them
 		return false, 0, false, ErrStateIncomplete
 	}
-	fp = h.sectionFingerprint(items)
+	fp = h.sectionFingerprint(section, items)
 	if recordKnows {
 		return fp == e.fp, fp, true, nil
 	}
-	return fp == h.sectionFingerprint(in.State.Items[section]), fp, true, nil
+	return fp == h.sectionFingerprint(section, in.State.Items[section]), fp, true, nil
 }
 
-func (rw *Rewriter) fingerprint(p *Prepared, items []byte, h *semHasher) (uint64, bool) {
+func (rw *Rewriter) fingerprint(p *Prepared, section string, items []byte, h *semHasher) (uint64, bool) {
 	if p.yaml {
 		return 0, false
 	}
-	return h.sectionFingerprint(items), true
+	return h.sectionFingerprint(section, items), true
 }
 
 // sectionVersion is version for section's decision: a *RefuseError as it is (400), any

@@ -45,10 +45,23 @@ type semHasher struct {
 	scratch []byte
 }
 
+// orderFree are the sections whose item order changes nothing APISIX serves (contract
+// §8.1): their items are compared as a set by id. In routes, stream_routes, ssls and
+// global_rules order can decide which item matches first or in which order rules run,
+// and so does any section confshim does not know.
+var orderFree = map[string]bool{
+	"upstreams": true, "services": true, "consumers": true, "consumer_groups": true,
+	"plugin_configs": true, "plugin_metadata": true, "protos": true, "secrets": true,
+}
+
+// OrderFree reports whether section's items are compared as a set (§8.1).
+func OrderFree(section string) bool { return orderFree[section] }
+
 // sectionFingerprint fingerprints a section value (nil: absent, which equals no
-// items). Items are combined in order: JSON arrays are ordered, and APISIX's matching
-// can depend on the order of routes.
-func (h *semHasher) sectionFingerprint(b []byte) uint64 {
+// items). Items are combined in order, except in the order-free sections, where the
+// same items in another order fingerprint the same (a multiset: the sum of the items'
+// mixed hashes; an item's hash covers its id).
+func (h *semHasher) sectionFingerprint(section string, b []byte) uint64 {
 	h.b, h.i = b, skipWS(b, 0)
 	if h.i >= len(b) {
 		return tagEmpty
@@ -60,14 +73,23 @@ func (h *semHasher) sectionFingerprint(b []byte) uint64 {
 	if b[h.i] == ']' {
 		return tagEmpty
 	}
-	var ordered uint64 = tagArray
-	for n := uint64(1); ; n++ {
-		ordered = fmix(ordered ^ bits.RotateLeft64(h.item(), int(n%63)) ^ n)
+	free := orderFree[section]
+	var ordered, set uint64 = tagArray, 0
+	n := uint64(1)
+	for ; ; n++ {
+		if free {
+			set += fmix(h.item() ^ tagSet)
+		} else {
+			ordered = fmix(ordered ^ bits.RotateLeft64(h.item(), int(n%63)) ^ n)
+		}
 		h.i = skipWS(b, h.i)
 		if b[h.i] == ']' {
 			break
 		}
 		h.i = skipWS(b, h.i+1) // ','
+	}
+	if free {
+		return fmix(set ^ fmix(n^tagSet^tagArray))
 	}
 	return ordered
 }
