@@ -109,8 +109,33 @@ func TestMergeFlag(t *testing.T) {
 	if _, err := parseOptions([]string{"--merge", "secrets"}, env); err == nil {
 		t.Fatal("CONFSHIM_PRESERVE naming a merged section was accepted")
 	}
-	if o, err := parseOptions([]string{"--merge", "a_future_section"}, noEnv); err != nil || o.merge[0] != "a_future_section" {
-		t.Fatalf("a future section: %v %v", o, err)
+}
+
+// TestSectionListsAreStrict: --preserve and --merge name APISIX resource sections only
+// (a misspelt --merge secretz would merge nothing while secrets stays preserved), with
+// one line naming the flag and listing the known sections; empty elements are said once.
+func TestSectionListsAreStrict(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string // the one line
+	}{
+		{[]string{"--merge", "secretz"}, `--merge: "secretz" is not an APISIX resource section (known: routes, services, upstreams, consumers, consumer_groups, ssls, global_rules, plugin_configs, plugin_metadata, protos, secrets, stream_routes, plugins)`},
+		{[]string{"--preserve", "plugins,route,secret"}, `--preserve: "route", "secret" are not APISIX resource sections (known: `},
+		{[]string{"--merge", "secrets,,"}, `--merge: "secrets,," has an empty section name`},
+		{[]string{"--merge", ",,,"}, `--merge: ",,," has an empty section name`},
+		{[]string{"--preserve", "routes_conf_version"}, `--preserve: "routes_conf_version" is not an APISIX resource section`},
+	} {
+		_, err := parseOptions(tc.args, noEnv)
+		if err == nil || strings.Contains(err.Error(), "\n") || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want one line starting %q", tc.args, err, tc.want)
+		}
+	}
+	var stderr bytes.Buffer
+	if code := run(context.Background(), []string{"--merge", "secretz"}, noEnv, io.Discard, &stderr, func(string, string) { t.Fatal("must not listen") }); code != 2 {
+		t.Fatalf("--merge secretz exited %d, want 2 (%s)", code, stderr.String())
+	}
+	if o, err := parseOptions([]string{"--merge", " secrets , global_rules,secrets"}, noEnv); err != nil || !slices.Equal(o.merge, []string{"secrets", "global_rules"}) {
+		t.Fatalf("spaces and a repeat: %v %v", o, err)
 	}
 }
 

@@ -150,17 +150,32 @@ func parseOptions(args []string, lookupEnv func(string) (string, bool)) (*option
 	o.listen = addr("listen")
 	o.metricsListen = addr("metrics-listen")
 	o.upstream = get("upstream")
+	// A section list names APISIX resource sections only: a misspelt one (secretz)
+	// would silently merge or preserve nothing while the real section is left as is.
 	sections := func(name string) []string {
-		var out []string
+		var out, unknown []string
+		empty := false
 		if v := strings.TrimSpace(get(name)); v != "" {
 			for _, s := range strings.Split(v, ",") {
-				s = strings.TrimSpace(s)
-				if s == "" || strings.ContainsAny(s, " \"") || strings.HasSuffix(s, "_conf_version") {
-					bad(name, "%q is not a section name", s)
-					continue
+				switch s = strings.TrimSpace(s); {
+				case s == "":
+					empty = true
+				case !slices.Contains(rewrite.KnownSections, s):
+					unknown = append(unknown, strconv.Quote(s))
+				case !slices.Contains(out, s):
+					out = append(out, s)
 				}
-				out = append(out, s)
 			}
+		}
+		if empty {
+			bad(name, "%q has an empty section name", get(name))
+		}
+		if len(unknown) > 0 {
+			what := "is not an APISIX resource section"
+			if len(unknown) > 1 {
+				what = "are not APISIX resource sections"
+			}
+			bad(name, "%s %s (known: %s)", strings.Join(unknown, ", "), what, strings.Join(rewrite.KnownSections, ", "))
 		}
 		return out
 	}
