@@ -183,24 +183,50 @@ func waitFile(t *testing.T, file, want string) {
 	}
 }
 
-// TestIdleWatchCostsAlmostNoDecodes: at idle the watch pings HEAD /apisix/admin and
-// looks at the configuration (a decode of the stored document on APISIX) only once per
-// safety interval — once a minute in production, 300 ms here, with pings every 10 ms.
-func TestIdleWatchCostsAlmostNoDecodes(t *testing.T) {
-	const tick, safety, idle = 10 * time.Millisecond, 300 * time.Millisecond, 1500 * time.Millisecond
-	s := newStack(t, stackOptions{reseed: tick, safety: safety, adminKey: adminKey})
-	mustLand(t, sync1(t, s.client(true), config("v1")))
-	time.Sleep(3 * tick) // the watch's first look, after the sync
-	before := s.em.Costs()
-	time.Sleep(idle)
-	after := s.em.Costs()
-	decodes, pings := after.Decodes()-before.Decodes(), after.Pings-before.Pings
-	t.Logf("idle %v: %d decodes, %d pings (one decode per %v allowed)", idle, decodes, pings, safety)
-	if max := int(idle/safety) + 1; decodes > max {
-		t.Fatalf("%d decodes in %v of idle, want at most %d (one per safety interval)", decodes, idle, max)
-	}
-	if pings < 20 {
-		t.Fatalf("only %d pings in %v: the watch is not watching", pings, idle)
+// TestWatchLooksFollowTheirCost: at idle the watch pings HEAD /apisix/admin every
+// tick and looks at the configuration (a decode of the stored document on APISIX) as
+// often as its cost allows — at most 0.5 % of the worker, never more often than the
+// tick, at least once per safety interval (a minute in production).
+func TestWatchLooksFollowTheirCost(t *testing.T) {
+	const tick, idle = 10 * time.Millisecond, 1500 * time.Millisecond
+	for _, tc := range []struct {
+		name       string
+		lookCost   time.Duration // what one decode of the stored document costs
+		safety     time.Duration
+		minLooks   int
+		maxLooks   int
+		budgetOnly bool
+	}{
+		// a small configuration: looked at about every tick (its decode costs nothing)
+		{name: "cheap", lookCost: 0, safety: time.Hour, minLooks: 5, maxLooks: int(idle/tick) + 1},
+		// 4 ms a decode: 0.5 % allows one look per 0.8 s
+		{name: "costly", lookCost: 4 * time.Millisecond, safety: time.Hour, minLooks: 1, maxLooks: 3, budgetOnly: true},
+		// very costly, bounded by the safety interval: one look per 500 ms at least
+		{name: "huge", lookCost: 100 * time.Millisecond, safety: 500 * time.Millisecond, minLooks: 2, maxLooks: 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStack(t, stackOptions{reseed: tick, safety: tc.safety, adminKey: adminKey, decodeCost: -1})
+			mustLand(t, sync1(t, s.client(true), config("v1")))
+			if tc.lookCost > 0 {
+				perMiB := time.Duration(float64(tc.lookCost) * (1 << 20) / float64(s.em.StoredBytes()))
+				s.em.SetDecodeCost(perMiB)
+			}
+			waitFor(t, "the watch's first look", func() bool { return s.em.Costs().DecodesHEAD > 0 })
+			before := s.em.Costs()
+			time.Sleep(idle) // the idle period measured
+			after := s.em.Costs()
+			looks, pings := after.DecodesHEAD-before.DecodesHEAD, after.Pings-before.Pings
+			t.Logf("idle %v: %d looks, %d pings, %d decodes in all", idle, looks, pings, after.Decodes()-before.Decodes())
+			if looks < tc.minLooks || looks > tc.maxLooks {
+				t.Fatalf("%d looks in %v of idle, want %d to %d", looks, idle, tc.minLooks, tc.maxLooks)
+			}
+			if spent := time.Duration(looks) * tc.lookCost; tc.budgetOnly && spent > time.Duration(0.005*float64(idle))+tc.lookCost {
+				t.Fatalf("the looks cost %v of %v idle: over 0.5 %% (and one look)", spent, idle)
+			}
+			if pings < 20 {
+				t.Fatalf("only %d pings in %v: the watch is not watching", pings, idle)
+			}
+		})
 	}
 }
 

@@ -143,7 +143,7 @@ func (c *countingDataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.em.ServeHTTP(w, r)
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for !cond() {

@@ -133,11 +133,13 @@ type stackOptions struct {
 	fallback bool // --fallback backfill
 	// appliedLag: the emulator's workers apply a 202 this late (state-dependent checks)
 	appliedLag time.Duration
+	// decodeCost is the emulator's cost of one decode per MiB stored (0: APISIX's)
+	decodeCost time.Duration
 }
 
 func newStack(t testing.TB, o stackOptions) *stack {
 	t.Helper()
-	em, err := emulator.New(emulator.Options{Version: o.version, AdminKey: adminKey, FillDefaults: o.fillDefaults, AppliedLag: o.appliedLag})
+	em, err := emulator.New(emulator.Options{Version: o.version, AdminKey: adminKey, FillDefaults: o.fillDefaults, AppliedLag: o.appliedLag, DecodeCost: o.decodeCost})
 	if err != nil {
 		t.Fatal(err)
 	}

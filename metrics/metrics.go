@@ -29,6 +29,7 @@ type Metrics struct {
 	ReseedDuration    prometheus.Histogram
 	FallbackPuts      *prometheus.CounterVec
 	HeldBackItems     *prometheus.GaugeVec
+	OutOfBandWrites   *prometheus.CounterVec
 }
 
 // Label values are typed, so that a typo is a compile error, not a new series.
@@ -142,7 +143,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		Requests: counterVec("requests_total",
 			"Requests answered, by method, route (configs_put or passthrough) and status code.", "method", "route", "code"),
 		SectionRewrites: counterVec("section_rewrites_total",
-			"Sections changed in forwarded configs PUTs, by section and action (raised, bumped, preserved, settled).", "section", "action"),
+			"Sections changed in forwarded configs PUTs, by section and action (raised, bumped, preserved, settled, merged, backfilled).", "section", "action"),
 		ConflictRetries: counter("conflict_retries_total",
 			"Configs PUTs retried once after APISIX rejected a *_conf_version that a concurrent write had raised."),
 		UpstreamErrors: counterVec("upstream_errors_total",
@@ -171,6 +172,8 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			"Re-seeds of a data plane found empty, by result (restored, failed, skipped).", "result"),
 		FallbackPuts: counterVec("fallback_puts_total",
 			"Configs PUTs corrected after APISIX rejected an item (--fallback backfill), by result (applied, rejected, unavailable).", "result"),
+		OutOfBandWrites: counterVec("out_of_band_writes_total",
+			"Sections confshim learnt were written behind it, straight on the data plane (a version conflict, the watch's look, a re-read before a PUT), by section.", "section"),
 		HeldBackItems: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "held_back_items",
 			Help: "Items held back (backfilled or left out) in the last accepted sync, by section."}, []string{"section"}),
 		ReseedDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -186,7 +189,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Requests, m.SectionRewrites, m.ConflictRetries, m.UpstreamErrors,
 		m.ClientDisconnects, m.RequestDuration, m.RewriteDuration, m.Untouched, m.Refused,
-		m.NoopPuts, m.ThinnedBytes, m.Reseeds, m.ReseedDuration, m.FallbackPuts, m.HeldBackItems, buildInfo,
+		m.NoopPuts, m.ThinnedBytes, m.Reseeds, m.ReseedDuration, m.FallbackPuts, m.HeldBackItems, m.OutOfBandWrites, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, k := range UpstreamErrorKinds {
 		m.UpstreamErrors.WithLabelValues(string(k))
@@ -205,6 +208,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	}
 	for _, s := range rewrite.KnownSections {
 		m.HeldBackItems.WithLabelValues(s)
+		m.OutOfBandWrites.WithLabelValues(s)
 	}
 	for _, s := range append(slices.Clone(rewrite.KnownSections), "other") {
 		for _, a := range rewrite.AllActions {

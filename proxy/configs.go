@@ -23,8 +23,9 @@ type dataPlane struct {
 	digest       string // X-Digest and X-Last-Modified the state belongs to
 	lastModified string
 	record       *rewrite.Record
-	owned        rewrite.Ownership // the client's ids in --merge sections (§8.6)
-	unownedSaid  map[string]bool   // sections whose missing ownership was logged
+	owned        rewrite.Ownership  // the client's ids in --merge sections (§8.6)
+	believed     map[string]float64 // the versions the data plane holds as confshim last knew them (out-of-band writes)
+	unownedSaid  map[string]bool    // sections whose missing ownership was logged
 }
 
 // RefusedError: APISIX refused a request confshim made with the caller's credentials
@@ -69,6 +70,7 @@ type putRequest struct {
 	sent     []<-chan struct{} // the transport may read our buffers until these close
 
 	// §8.5: items held back before the PUT (the steady state), and the body forwarded
+	learnt         string // how a fresh read would learn an out-of-band write
 	preHeld        []heldItem
 	preHoldDone    bool
 	clientPrepared *rewrite.Prepared // the client's own body, when it was corrected before the PUT
@@ -92,7 +94,7 @@ const maxRedials = 2
 // X-Confshim-Actions.
 func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 	cw := &capturingWriter{ResponseWriter: w}
-	pr := &putRequest{p: p, w: cw, r: r, creds: credentialsOf(r), start: time.Now()}
+	pr := &putRequest{p: p, w: cw, r: r, creds: credentialsOf(r), start: time.Now(), learnt: learntByReread}
 	defer pr.record(cw) // after the lock is given back
 	if !pr.authorize() || !pr.readBody() {
 		return
@@ -260,6 +262,7 @@ func (pr *putRequest) forward() *answer {
 			// decision taken on that read is the right one either way.
 			redials++
 			p.setState(nil, "", "")
+			p.forgetBelief() // the PUT may have landed: what the read shows is not a stranger's
 			p.log.Info().Str("event", "redial").Str("error", safeError(err)).Msg("the connection the data plane's state was read on closed; deciding again on a fresh read")
 			continue
 		}
@@ -271,6 +274,7 @@ func (pr *putRequest) forward() *answer {
 			p.setState(nil, "", "") // something wrote in between: never trust the cache again
 			if res != nil && !conflictRetried {
 				conflictRetried = true
+				pr.learnt = learntByConflict
 				resp.Body.Close()
 				p.m.ConflictRetries.Inc()
 				p.log.Info().Str("event", "conflict_retry").Msg("APISIX rejected a version a concurrent write raised; reading its state again")
@@ -284,6 +288,7 @@ func (pr *putRequest) forward() *answer {
 				// a corrected PUT got no answer: whether APISIX applied it is unknown,
 				// so confshim believes nothing and says so
 				p.setState(nil, "", "")
+				p.forgetBelief()
 				p.upstreamFailed(pr.w, pr.r, lost, "the corrected PUT of --fallback backfill (APISIX may have applied it)")
 				return nil
 			}
@@ -342,7 +347,7 @@ func (pr *putRequest) send(out outgoingPut, res *rewrite.Result) (*http.Response
 // instead when the body goes to APISIX as it came.
 func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	p, ctx := pr.p, pr.ctx
-	st, err := p.stateFor(ctx, pr.creds, fresh)
+	st, err := p.stateFor(ctx, pr.creds, fresh, pr.learnt)
 	var refused RefusedError
 	if errors.As(err, &refused) {
 		pr.untouched = metrics.UntouchedRefused // APISIX will refuse the PUT itself, in its own words
@@ -379,7 +384,7 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	start := time.Now()
 	res, err := p.rw.Decide(pr.prepared, pr.in)
 	if errors.Is(err, rewrite.ErrStateIncomplete) {
-		if st, err = p.stateFor(ctx, pr.creds, true); err != nil {
+		if st, err = p.stateFor(ctx, pr.creds, true, pr.learnt); err != nil {
 			p.putBuf(buf)
 			if errors.As(err, &refused) {
 				pr.untouched = metrics.UntouchedRefused
@@ -589,7 +594,7 @@ type headResult struct{ digest, lastModified string }
 // stateFor returns the data plane's state under the PUT lock, read on the decide
 // connection: the cached copy when a HEAD shows nobody wrote since it was read,
 // otherwise a GET.
-func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool) (*rewrite.State, error) {
+func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool, how string) (*rewrite.State, error) {
 	if !fresh && p.dp.state != nil && !p.noHead.Load() {
 		head, _, err := p.head(ctx, p.tr.decide, creds)
 		if err != nil {
@@ -605,6 +610,7 @@ func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool) (*r
 		return nil, err
 	}
 	p.setState(st, digest, lastModified)
+	p.learnFrom(st, lastModified, how)
 	return st, nil
 }
 
@@ -837,6 +843,7 @@ func (p *Proxy) remember(resp *http.Response, res *rewrite.Result, out outgoingP
 	case res == nil:
 		p.dp.record = nil // an untouched body landed: know nothing
 		p.setState(nil, "", "")
+		p.forgetBelief()
 	case resp.StatusCode == http.StatusNoContent:
 		if out.noop {
 			p.dp.record = res.Commit(true)
@@ -845,6 +852,7 @@ func (p *Proxy) remember(resp *http.Response, res *rewrite.Result, out outgoingP
 	default:
 		p.dp.record = res.Commit(false)
 		p.noteMerges(res)
+		p.believe(res.AppliedState().Versions)
 		p.setState(nil, "", "")
 		if d, lm := resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified"); d != "" && lm != "" {
 			p.setState(res.AppliedState(), d, lm) // the next HEAD confirms nobody wrote since

@@ -41,6 +41,8 @@ type DebugConfig struct {
 	// HeldBack are the items held back in the last accepted sync (§8.5); absent without
 	// --fallback backfill.
 	HeldBack []DebugHeld `json:"held_back,omitempty"`
+	// OutOfBand are the last out-of-band writes confshim learnt, newest last.
+	OutOfBand []DebugOutOfBand `json:"out_of_band_writes"`
 }
 
 // DebugHeld is one item held back: replaced by its accepted copy (backfilled) or left out.
@@ -161,6 +163,7 @@ type debugLog struct {
 	kept         *keptConfig
 	merges       map[string]DebugMerge
 	held         []DebugHeld
+	outOfBand    []DebugOutOfBand
 	stateFile    DebugStateFile
 	lastReseed   *DebugReseed
 	lastStatus   int
@@ -358,6 +361,7 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 		doc.Merge = append(doc.Merge, m)
 	}
 	doc.HeldBack = slices.Clone(p.debug.held)
+	doc.OutOfBand = append([]DebugOutOfBand{}, p.debug.outOfBand...)
 	p.debug.mu.Unlock()
 	sort.Slice(doc.Merge, func(i, j int) bool { return doc.Merge[i].Section < doc.Merge[j].Section })
 

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"regexp"
 	"slices"
@@ -211,6 +212,11 @@ func (pr *putRequest) afterAccepted(fb *fallbackResult) {
 		if fb.versions != nil { // a second step moved versions past the decision's
 			p.setState(nil, "", "")
 			p.keep.forget()
+			if p.dp.believed != nil {
+				believed := maps.Clone(p.dp.believed)
+				maps.Copy(believed, fb.versions)
+				p.believe(believed)
+			}
 		}
 	}
 	p.noteHeld(held)
@@ -685,6 +691,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 		// the second PUT got no answer: the client gets the first corrected PUT's, and
 		// the state is read afresh next time (the second may have landed)
 		p.setState(nil, "", "")
+		p.forgetBelief()
 		pr.unavailable("the second PUT got no answer", err)
 		return nil
 	}

@@ -54,8 +54,9 @@ type Config struct {
 	// (0: never); StateDir, when set, also keeps the configuration on disk.
 	ReseedInterval time.Duration
 	StateDir       string
-	// WatchSafetyInterval is how often the watch looks at the configuration with
-	// nothing suspicious seen (0: once a minute); tests compress it.
+	// WatchSafetyInterval is the longest the watch goes without looking at the
+	// configuration (0: a minute); between --reseed-interval and it, the looks follow
+	// their cost (lookInterval). Tests compress it.
 	WatchSafetyInterval time.Duration
 	// AllowCIDRs, when not empty, is who may talk to the Admin API through confshim,
 	// checked against the TCP peer (never X-Forwarded-For).
@@ -171,8 +172,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.debug = &debugLog{}
 	p.keep = newKeeper(cfg, cfg.Logger, p.debug)
-	if p.keep.kept != nil && p.keep.kept.Owned != nil {
-		p.dp.owned = p.keep.kept.Owned // the memory of ownership survives the restart
+	if p.keep.kept != nil {
+		p.dp.owned = p.keep.kept.Owned       // the memory of ownership survives the restart,
+		p.dp.believed = p.keep.kept.Versions // and what the data plane held then
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u) },

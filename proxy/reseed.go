@@ -15,24 +15,26 @@ import (
 
 // checkDataPlane is the watch's look at the configuration (a configs HEAD, which costs
 // APISIX a decode of its stored document): an empty data plane is re-seeded, one that
-// changed without confshim is read back. looked says whether the data plane answered;
-// ok is false when re-seeding cannot work here (APISIX 3.13).
-func (p *Proxy) checkDataPlane(ctx context.Context) (looked, ok bool) {
+// changed without confshim is read back. looked says whether the data plane answered,
+// cost how long the HEAD took; ok is false when re-seeding cannot work here (3.13).
+func (p *Proxy) checkDataPlane(ctx context.Context) (looked bool, cost time.Duration, ok bool) {
 	if p.noHead.Load() {
 		p.log.Info().Str("event", "reseed_off").Msg("the data plane has no HEAD /apisix/admin/configs (APISIX 3.13): re-seeding is off")
-		return false, false
+		return false, 0, false
 	}
 	creds, have := p.watchCredentials()
 	if !have {
-		return false, true // nobody's key yet: nothing kept either
+		return false, 0, true // nobody's key yet: nothing kept either
 	}
+	start := time.Now()
 	head, status, err := p.head(ctx, p.tr.shared, creds)
+	cost = time.Since(start)
 	switch {
 	case status == http.StatusNotFound:
 		p.noHead.Store(true) // said once, at the next tick
-		return false, true
+		return false, 0, true
 	case err != nil || head == nil:
-		return false, true // down, restarting or refusing the key: the next tick looks again
+		return false, 0, true // down, restarting or refusing the key: the next tick looks again
 	case head.lastModified == "":
 		p.lockPut()
 		defer p.unlockPut()
@@ -40,7 +42,7 @@ func (p *Proxy) checkDataPlane(ctx context.Context) (looked, ok bool) {
 	default:
 		p.refreshKept(ctx, head.digest, head.lastModified)
 	}
-	return true, true
+	return true, cost, true
 }
 
 func (p *Proxy) lockPut()   { p.putLock <- struct{}{} }
@@ -75,6 +77,7 @@ func (p *Proxy) refreshKept(ctx context.Context, digest, lastModified string) {
 		return
 	}
 	p.setState(st, d, lm)
+	p.learnFrom(st, lm, learntByWatch)
 	p.keep.set(keptFromState(st, d, lm, p.dp.owned))
 	p.keep.refreshDue.Store(false)
 	p.log.Debug().Str("event", "kept_refreshed").Msg("read the data plane's configuration back after a write confshim did not make")
@@ -149,6 +152,7 @@ func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *
 		Dur("after", took).Msg("the data plane had lost its configuration; restored the kept one")
 	lm := resp.Header.Get("X-Last-Modified")
 	p.keep.set(&keptConfig{Digest: resp.Header.Get("X-Digest"), LastModified: lm, Versions: k.Versions, Items: k.Items, Owned: k.Owned})
+	p.believe(k.Versions)
 	// the record still holds: the data plane has the same versions and content again
 	if d := resp.Header.Get("X-Digest"); d != "" && lm != "" {
 		p.setState(&rewrite.State{Versions: k.Versions}, d, lm)

@@ -20,16 +20,17 @@ import (
 //
 //   - The watch pings HEAD /apisix/admin every --reseed-interval on a kept-alive
 //     connection of its own. A container restart closes that connection; the configs
-//     HEAD that tells an empty data plane is asked only on such evidence (the ping had
-//     to open a new connection, failed, or saw another Server version), when confshim
-//     could not derive the kept configuration, and as a safety check once a minute.
+//     HEAD that tells an empty data plane is asked on such evidence (the ping had to
+//     open a new connection, failed, or saw another Server version), when confshim
+//     could not derive the kept configuration, and otherwise as often as a cost budget
+//     allows (lookInterval): between --reseed-interval and once a minute.
 //   - Under the PUT lock, the state read (HEAD or GET) and the PUT travel on one
 //     connection of their own, and the PUT may not open a new one: a data plane that
 //     restarted between the read and the PUT closed that connection, so the PUT is
 //     never sent to it, and the decision is taken again on a fresh read.
 
 // safetyCheckInterval bounds how long an unnoticed change can go unseen by the watch:
-// one configs HEAD a minute at most while nothing else is suspicious.
+// at least one configs HEAD a minute, however large the configuration.
 const safetyCheckInterval = time.Minute
 
 // errRedial: the connection the data plane's state was read on is gone, so the PUT
@@ -187,6 +188,7 @@ func (p *Proxy) watchDataPlane(ctx context.Context) {
 	suspect := true // nothing is known at start
 	var lastServer string
 	var lastCheck time.Time
+	var lookCost time.Duration // what the last look cost (its latency)
 	for {
 		select {
 		case <-ctx.Done():
@@ -204,16 +206,31 @@ func (p *Proxy) watchDataPlane(ctx context.Context) {
 			suspect = true // a new connection, or another APISIX answering
 		}
 		lastServer = server
-		if !suspect && !p.keep.refreshDue.Load() && time.Since(lastCheck) < p.cfg.WatchSafetyInterval {
+		if !suspect && !p.keep.refreshDue.Load() && time.Since(lastCheck) < p.lookInterval(lookCost) {
 			continue
 		}
 		p.log.Debug().Str("event", "watch").Bool("suspect", suspect).Msg("looking at the data plane's configuration")
-		looked, ok := p.checkDataPlane(ctx)
+		looked, cost, ok := p.checkDataPlane(ctx)
 		if !ok {
 			return
 		}
 		if looked {
-			suspect, lastCheck = false, time.Now()
+			suspect, lastCheck, lookCost = false, time.Now(), cost
 		}
 	}
+}
+
+// lookBudget is the share of an APISIX worker the watch's looks may take: a look (a
+// configs HEAD) makes APISIX decode its whole stored document, ≈ 25 ms per MB, on the
+// worker that also proxies traffic.
+const lookBudget = 0.005
+
+// lookInterval is how long the watch waits between looks with nothing suspicious seen:
+// as often as the budget allows for what the last look cost (its latency stands for the
+// decode), never more often than --reseed-interval, at least once per safety interval
+// (a minute). A few hundred routes are looked at every second or two; 40,000 (≈ 0.3 s a
+// decode) once a minute.
+func (p *Proxy) lookInterval(cost time.Duration) time.Duration {
+	d := time.Duration(float64(cost) / lookBudget)
+	return min(max(d, p.cfg.ReseedInterval), p.cfg.WatchSafetyInterval)
 }

@@ -83,7 +83,7 @@ var flagSpecs = []flagSpec{
 	{"allow-cidrs", "", "comma-separated CIDRs allowed to use the Admin API through confshim, checked against the TCP peer (empty: everyone)", false},
 	{"tls-cert-file", "", "serve HTTPS with this certificate (reloaded when the file changes)", false},
 	{"tls-key-file", "", "key of --tls-cert-file", false},
-	{"reseed-interval", "1s", "how often the data plane is pinged (HEAD /apisix/admin, no configuration read) to notice a restart; its configuration is looked at only after a sign of one and once a minute, and re-seeded when lost (0: never)", false},
+	{"reseed-interval", "1s", "how often the data plane is pinged (HEAD /apisix/admin, no configuration read) to notice a restart; its configuration is looked at after a sign of one and as often as a cost budget allows (at most 0.5 % of an APISIX worker, at least once a minute, at most once per interval), and re-seeded when lost (0: never)", false},
 	{"state-dir", "", "directory where the kept configuration is also written (mode 0600), so that a restarted confshim re-seeds too (empty: memory only)", false},
 }
 

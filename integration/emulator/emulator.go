@@ -44,7 +44,14 @@ type Options struct {
 	// second after the 202: the state-dependent checks (§4.1.3) see the previous
 	// document for this long. 0: at once.
 	AppliedLag time.Duration
+	// DecodeCost is what one decode of the stored document costs per MiB stored, spent
+	// on the emulator's one worker as APISIX spends it (spec §11: ≈ 25 ms per MB on a
+	// real 3.17): 0 means that figure, a negative value nothing.
+	DecodeCost time.Duration
 }
+
+// apisixDecodeCost is spec §11's measured cost of get_config() per MiB stored.
+const apisixDecodeCost = 25 * time.Millisecond
 
 // Request is a PUT as the emulator received it.
 type Request struct {
@@ -85,6 +92,13 @@ type Costs struct {
 	Pings                               int // HEAD /apisix/admin
 }
 
+// StoredBytes is the size of the stored document (what a decode reads).
+func (e *Emulator) StoredBytes() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.stored)
+}
+
 // Decodes is the stored-document decodes of every kind.
 func (c Costs) Decodes() int { return c.DecodesGET + c.DecodesHEAD + c.DecodesPUT }
 
@@ -96,6 +110,30 @@ func (e *Emulator) decodeStored(count *int) {
 	}
 	*count++
 	_, _ = decodeCJSON(e.stored)
+	e.chargeDecode(len(e.stored))
+}
+
+// SetDecodeCost changes Options.DecodeCost (tests that size a configuration first).
+func (e *Emulator) SetDecodeCost(perMiB time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.opts.DecodeCost = perMiB
+}
+
+// chargeDecode spends a decode's time as APISIX does: the emulator holds its lock
+// meanwhile, as a worker runs Lua to completion (other admin calls wait, as proxied
+// requests do on a real one).
+func (e *Emulator) chargeDecode(size int) {
+	per := e.opts.DecodeCost
+	if per == 0 {
+		per = apisixDecodeCost
+	}
+	if per < 0 {
+		return
+	}
+	if d := time.Duration(float64(per) * float64(size) / (1 << 20)); d > 50*time.Microsecond {
+		time.Sleep(d)
+	}
 }
 
 // New returns an emulator for the given options.
@@ -377,6 +415,7 @@ func (e *Emulator) get(w http.ResponseWriter, r *http.Request) {
 	stored := e.stored
 	if stored != nil {
 		e.costs.DecodesGET++ // decoded below, outside the lock
+		e.chargeDecode(len(stored))
 	}
 	e.mu.Unlock()
 	var doc table

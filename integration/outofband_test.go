@@ -1,0 +1,74 @@
+package integration
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// Contract §7: the out-of-band writes confshim learns are counted per section, logged
+// once and listed in /debug/config — an operator sees the gateway being edited by hand.
+
+// TestOutOfBandWriteBetweenSyncsIsCountedOnce: a secrets manager registered straight on
+// the data plane between two syncs is repaired in the next sync (preserved), counted
+// once, logged once and shown; later syncs count nothing more.
+func TestOutOfBandWriteBetweenSyncsIsCountedOnce(t *testing.T) {
+	s := newStack(t, stackOptions{})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, config("v1")))
+	mustLand(t, sync1(t, c, config("v1")))
+	if got := counter(s.metrics.OutOfBandWrites.WithLabelValues("secrets")); got != 0 {
+		t.Fatalf("out_of_band_writes_total{secrets} = %v before any", got)
+	}
+	registerSecrets(t, s)
+	res := sync1(t, c, config("v2"))
+	mustLand(t, res)
+	mustContain(t, s.items(t, "secrets"), "vault/1") // repaired in the same sync: preserved
+	mustContain(t, s.items(t, "routes"), "/v2")
+	for i := 0; i < 3; i++ {
+		mustLand(t, sync1(t, c, config("v2")))
+	}
+	if got := counter(s.metrics.OutOfBandWrites.WithLabelValues("secrets")); got != 1 {
+		t.Fatalf("out_of_band_writes_total{secrets} = %v, want 1", got)
+	}
+	if got := counter(s.metrics.OutOfBandWrites.WithLabelValues("routes")); got != 0 {
+		t.Fatalf("out_of_band_writes_total{routes} = %v: confshim's own writes are not out of band", got)
+	}
+	if n := strings.Count(s.logs.String(), `"event":"out_of_band_write"`); n != 1 {
+		t.Fatalf("%d out_of_band_write log lines, want 1", n)
+	}
+	oob := s.proxy.DebugConfig().OutOfBand
+	if len(oob) != 1 || oob[0].How != "re_read" || len(oob[0].Sections) != 1 || oob[0].Sections[0].Section != "secrets" ||
+		oob[0].Sections[0].To != oob[0].Sections[0].From+1 {
+		t.Fatalf("/debug/config out_of_band_writes: %+v", oob)
+	}
+	if strings.Contains(s.logs.String(), "example-vault-token") {
+		t.Fatal("a value of the out-of-band write reached the log")
+	}
+}
+
+// TestOutOfBandWriteLearntByTheWatch: with no sync at all, the watch's look finds the
+// write within 2 s on a small configuration (its looks are cheap, so they follow
+// --reseed-interval, not the minute); the next sync does not count it again.
+func TestOutOfBandWriteLearntByTheWatch(t *testing.T) {
+	s := newStack(t, stackOptions{reseed: time.Second}) // the defaults: 1 s, a minute at most
+	c := s.client(true)
+	mustLand(t, sync1(t, c, config("v1")))
+	looks := s.em.Costs().DecodesHEAD
+	waitFor(t, "the watch's first look after the sync", func() bool { return s.em.Costs().DecodesHEAD > looks })
+	registerSecrets(t, s)
+	deadline := time.Now().Add(2 * time.Second)
+	for counter(s.metrics.OutOfBandWrites.WithLabelValues("secrets")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch did not learn the out-of-band write within 2 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	mustLand(t, sync1(t, c, config("v2")))
+	if got := counter(s.metrics.OutOfBandWrites.WithLabelValues("secrets")); got != 1 {
+		t.Fatalf("out_of_band_writes_total{secrets} = %v, want 1", got)
+	}
+	if oob := s.proxy.DebugConfig().OutOfBand; len(oob) != 1 || oob[0].How != "watch" {
+		t.Fatalf("/debug/config out_of_band_writes: %+v", oob)
+	}
+}
