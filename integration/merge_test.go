@@ -129,6 +129,9 @@ func TestMergeWithoutMemoryKeepsAndSaysSo(t *testing.T) {
 	if n := strings.Count(s.logs.String(), `"event":"merge_unowned"`); n != 1 {
 		t.Fatalf("want the missing memory said once for the section, said %d times", n)
 	}
+	// the line names what was kept, so an operator can tell a stale deletion (cors)
+	// from an out-of-band item (platform-tracing)
+	mustContain(t, s.logs.String(), `"kept_ids":["cors","platform-tracing"],"kept_ids_not_named":0`)
 	// from now on confshim knows: the client's next deletion lands
 	mustLand(t, sync1(t, c, withRules(rule("cors2", "ip-restriction", 1))))
 	wantIDs(t, s.ids(t, "global_rules"), "cors2", "cors", "platform-tracing")

@@ -873,6 +873,7 @@ func (p *Proxy) noteMerges(res *rewrite.Result) {
 		}
 		p.dp.unownedSaid[m.Section] = true
 		p.log.Warn().Str("event", "merge_unowned").Str("section", rewrite.Clip(m.Section)).Int("kept", m.Kept).
+			Strs("kept_ids", m.KeptIDs).Int("kept_ids_not_named", m.Kept-len(m.KeptIDs)).
 			Msg("no memory of which items the client owns in this merged section (a restart without --state-dir): items missing from its copy are kept, not deleted")
 	}
 }

@@ -37,6 +37,8 @@ type MergeReport struct {
 	ClientOwned int  // ids the client owns (every id it has sent)
 	Kept        int  // items kept as the data plane holds them
 	Unowned     bool // no memory of ownership: items missing from the client's copy were kept
+	// KeptIDs names the first MaxKeptIDs items kept, each cut at 64 bytes (for the log).
+	KeptIDs []string
 }
 
 // arrayItem is one element of a JSON array: its raw bytes and its identity.
@@ -191,14 +193,14 @@ func idText(raw json.RawMessage) string {
 
 // union builds the merged section: the client's items, then the data plane's items the
 // client neither sends nor owns. owned nil: no memory of ownership, nothing deleted.
-func union(section string, client, dataPlane []byte, owned []string) (out []byte, ids []string, kept int, err error) {
+func union(section string, client, dataPlane []byte, owned []string) (out []byte, ids []string, kept int, keptIDs []string, err error) {
 	mine, err := splitItems(section, client)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, nil, err
 	}
 	theirs, err := splitItems(section, dataPlane)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, nil, err
 	}
 	sent := make(map[string]bool, len(mine))
 	for _, it := range mine {
@@ -229,14 +231,20 @@ func union(section string, client, dataPlane []byte, owned []string) (out []byte
 		}
 		out = append(out, it.raw...)
 		kept++
+		if len(keptIDs) < MaxKeptIDs {
+			keptIDs = append(keptIDs, clip(it.id))
+		}
 	}
 	out = append(out, ']')
 	// the client owns every id it has ever sent: one it dropped and an out-of-band
 	// writer created again is still the client's (deleted), never an out-of-band item
 	ids = append(ids, owned...)
 	slices.Sort(ids)
-	return out, slices.Compact(ids), kept, nil
+	return out, slices.Compact(ids), kept, keptIDs, nil
 }
+
+// MaxKeptIDs bounds the kept ids a MergeReport names.
+const MaxKeptIDs = 20
 
 func allOwned(items []arrayItem, owned []string) bool {
 	set := make(map[string]bool, len(owned))
@@ -300,12 +308,12 @@ func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits
 	if !knows {
 		ownedNow = nil
 	}
-	merged, ids, kept, err := union(section, client, in.State.Items[section], ownedNow)
+	merged, ids, kept, keptIDs, err := union(section, client, in.State.Items[section], ownedNow)
 	if err != nil {
 		return o, change, false, &SkipError{Reason: err.Error()}
 	}
 	res.owned[section] = ids
-	res.Merges = append(res.Merges, MergeReport{Section: section, ClientOwned: len(ids), Kept: kept, Unowned: !knows && kept > 0})
+	res.Merges = append(res.Merges, MergeReport{Section: section, ClientOwned: len(ids), Kept: kept, Unowned: !knows && kept > 0, KeptIDs: keptIDs})
 	o.fp, o.fpKnown = h.sectionFingerprint(section, merged), true
 	eq := o.fp == h.sectionFingerprint(section, in.State.Items[section])
 	switch {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/confshim/confshim/integration/emulator"
@@ -137,6 +138,28 @@ func TestItemID(t *testing.T) {
 	} {
 		if got := itemID(tc.section, []byte(tc.item)); got != tc.want {
 			t.Errorf("itemID(%s, %s) = %q, want %q", tc.section, tc.item, got, tc.want)
+		}
+	}
+}
+
+// TestUnionNamesWhatItKeeps: the kept ids are named for the log, at most MaxKeptIDs,
+// each cut at 64 bytes; the count stays whole.
+func TestUnionNamesWhatItKeeps(t *testing.T) {
+	long := strings.Repeat("x", 100)
+	var dp []string
+	for i := 0; i < 25; i++ {
+		dp = append(dp, fmt.Sprintf(`{"id":"%s%d"}`, long, i))
+	}
+	_, _, kept, ids, err := union("secrets", []byte(`[{"id":"mine"}]`), []byte("["+strings.Join(dp, ",")+"]"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kept != 25 || len(ids) != MaxKeptIDs {
+		t.Fatalf("kept %d, named %d: want 25 and %d", kept, len(ids), MaxKeptIDs)
+	}
+	for _, id := range ids {
+		if len(id) > 64+len("…") {
+			t.Fatalf("a kept id of %d bytes: want it cut at 64", len(id))
 		}
 	}
 }
