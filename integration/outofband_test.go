@@ -38,7 +38,9 @@ func TestOutOfBandWriteBetweenSyncsIsCountedOnce(t *testing.T) {
 		t.Fatalf("%d out_of_band_write log lines, want 1", n)
 	}
 	oob := s.proxy.DebugConfig().OutOfBand
-	if len(oob) != 1 || oob[0].How != "re_read" || len(oob[0].Sections) != 1 || oob[0].Sections[0].Section != "secrets" ||
+	// learnt by APISIX's own version check: the sync was decided on confshim's belief
+	// (no read), refused, and decided again on a fresh read — in the same client sync
+	if len(oob) != 1 || oob[0].How != "version_conflict" || len(oob[0].Sections) != 1 || oob[0].Sections[0].Section != "secrets" ||
 		oob[0].Sections[0].To != oob[0].Sections[0].From+1 {
 		t.Fatalf("/debug/config out_of_band_writes: %+v", oob)
 	}
@@ -70,5 +72,35 @@ func TestOutOfBandWriteLearntByTheWatch(t *testing.T) {
 	}
 	if oob := s.proxy.DebugConfig().OutOfBand; len(oob) != 1 || oob[0].How != "watch" {
 		t.Fatalf("/debug/config out_of_band_writes: %+v", oob)
+	}
+}
+
+// TestBumpNeverLandsOnAWritersEqualVersion: a hand write set routes to exactly the
+// version confshim's belief would bump to (+1). To APISIX an equal version means "keep
+// what you hold", so a bump decided unread would silently lose the client's change: a
+// bump is always checked first, and lands above the writer's version.
+func TestBumpNeverLandsOnAWritersEqualVersion(t *testing.T) {
+	s := newStack(t, stackOptions{reseed: time.Hour})
+	first := `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/one"}]}`
+	if status, _ := rawPut(t, s.proxyURL, first, "c1"); status != 202 {
+		t.Fatalf("first sync: %d", status)
+	}
+	s.oobPut(t, func(doc map[string]any) { // the operator's hand edit, at 5+1
+		doc["routes_conf_version"] = float64(6)
+		doc["routes"] = []any{map[string]any{"id": "r1", "uri": "/by-hand"}}
+	})
+	// the client's stale cache changes r1 at its old version: a bump to 5+1 would be
+	// taken by APISIX as "keep routes"
+	stale := `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/two"}]}`
+	status, hdr := rawPut(t, s.proxyURL, stale, "c2")
+	if status != 202 || !strings.Contains(hdr.Get("X-Confshim-Actions"), "routes=bumped") {
+		t.Fatalf("stale change: %d %q", status, hdr.Get("X-Confshim-Actions"))
+	}
+	mustContain(t, s.items(t, "routes"), "/two")
+	if v := s.em.SectionVersion("routes"); v != 7 {
+		t.Fatalf("routes at version %v, want 7 (above the writer's 6)", v)
+	}
+	if got := counter(s.metrics.OutOfBandWrites.WithLabelValues("routes")); got != 1 {
+		t.Fatalf("out_of_band_writes_total{routes} = %v, want 1", got)
 	}
 }

@@ -25,7 +25,11 @@ type dataPlane struct {
 	record       *rewrite.Record
 	owned        rewrite.Ownership  // the client's ids in --merge sections (§8.6)
 	believed     map[string]float64 // the versions the data plane holds as confshim last knew them (out-of-band writes)
-	unownedSaid  map[string]bool    // sections whose missing ownership was logged
+	// trusted: state was confirmed (read, or written by an accepted PUT) on the decide
+	// connection that is still the one open (trustedDials), and nothing cast doubt since
+	trusted      bool
+	trustedDials uint64
+	unownedSaid  map[string]bool // sections whose missing ownership was logged
 }
 
 // RefusedError: APISIX refused a request confshim made with the caller's credentials
@@ -347,7 +351,7 @@ func (pr *putRequest) send(out outgoingPut, res *rewrite.Result) (*http.Response
 // instead when the body goes to APISIX as it came.
 func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	p, ctx := pr.p, pr.ctx
-	st, err := p.stateFor(ctx, pr.creds, fresh, pr.learnt)
+	st, verified, err := p.stateFor(ctx, pr.creds, fresh, pr.learnt)
 	var refused RefusedError
 	if errors.As(err, &refused) {
 		pr.untouched = metrics.UntouchedRefused // APISIX will refuse the PUT itself, in its own words
@@ -383,8 +387,19 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	pr.in.Buf = *buf
 	start := time.Now()
 	res, err := p.rw.Decide(pr.prepared, pr.in)
+	if err == nil && !verified && res.Bumps() {
+		// a bump decided unread could equal a version a writer set meanwhile: look first
+		ok, herr := p.revalidate(ctx, pr.creds)
+		switch {
+		case herr != nil:
+			p.putBuf(buf)
+			return nil, herr
+		case !ok:
+			err = rewrite.ErrStateIncomplete // decided again on a fresh read, just below
+		}
+	}
 	if errors.Is(err, rewrite.ErrStateIncomplete) {
-		if st, err = p.stateFor(ctx, pr.creds, true, pr.learnt); err != nil {
+		if st, _, err = p.stateFor(ctx, pr.creds, true, pr.learnt); err != nil {
 			p.putBuf(buf)
 			if errors.As(err, &refused) {
 				pr.untouched = metrics.UntouchedRefused
@@ -594,28 +609,56 @@ type headResult struct{ digest, lastModified string }
 // stateFor returns the data plane's state under the PUT lock, read on the decide
 // connection: the cached copy when a HEAD shows nobody wrote since it was read,
 // otherwise a GET.
-func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool, how string) (*rewrite.State, error) {
+func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
 	if !fresh && p.dp.state != nil && !p.noHead.Load() {
-		head, _, err := p.head(ctx, p.tr.decide, creds)
-		if err != nil {
-			return nil, err
+		if p.trusts() {
+			return p.dp.state, false, nil // the PUT's version check proves it (watch.go)
 		}
-		// anything but a match (a changed state, an odd status): the GET below decides
-		if head != nil && head.digest == p.dp.digest && head.lastModified == p.dp.lastModified {
-			return p.dp.state, nil
+		if ok, err := p.revalidate(ctx, creds); err != nil || ok {
+			return p.dp.state, ok, err
 		}
 	}
 	st, digest, lastModified, err := p.readState(ctx, creds)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	p.setState(st, digest, lastModified)
+	p.confirm()
 	p.learnFrom(st, lastModified, how)
-	return st, nil
+	return st, true, nil
+}
+
+// revalidate is HEAD /apisix/admin/configs on the decide connection: whether the data
+// plane still holds the state confshim has (anything but a match, a changed state or
+// an odd status, is false: a GET decides).
+func (p *Proxy) revalidate(ctx context.Context, creds credentials) (bool, error) {
+	head, _, err := p.head(ctx, p.tr.decide, creds)
+	if err != nil {
+		return false, err
+	}
+	if head != nil && head.digest == p.dp.digest && head.lastModified == p.dp.lastModified {
+		p.confirm()
+		return true, nil
+	}
+	return false, nil
+}
+
+// trusts: the cached state was confirmed on the decide connection that is still open,
+// with no doubt since (see watch.go), so a sync may be decided on it unread.
+func (p *Proxy) trusts() bool {
+	n, counted := p.tr.dialCount()
+	return counted && p.dp.trusted && n == p.dp.trustedDials && p.dp.lastModified != ""
+}
+
+// confirm: the cached state was just confirmed on the decide connection.
+func (p *Proxy) confirm() {
+	p.dp.trusted = true
+	p.dp.trustedDials, _ = p.tr.dialCount()
 }
 
 func (p *Proxy) setState(st *rewrite.State, digest, lastModified string) {
 	p.dp.state, p.dp.digest, p.dp.lastModified = st, digest, lastModified
+	p.dp.trusted = false // until confirmed
 	if st != nil {
 		p.debug.setDataPlane(digest, lastModified)
 	}
@@ -839,7 +882,8 @@ func (p *Proxy) count(res *rewrite.Result, out outgoingPut, resp *http.Response)
 func (p *Proxy) remember(resp *http.Response, res *rewrite.Result, out outgoingPut) {
 	switch {
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
-		return // nothing was stored: the record still describes the data plane
+		p.dp.trusted = false // nothing was stored, most likely; the next sync looks first
+		return
 	case res == nil:
 		p.dp.record = nil // an untouched body landed: know nothing
 		p.setState(nil, "", "")
@@ -855,7 +899,8 @@ func (p *Proxy) remember(resp *http.Response, res *rewrite.Result, out outgoingP
 		p.believe(res.AppliedState().Versions)
 		p.setState(nil, "", "")
 		if d, lm := resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified"); d != "" && lm != "" {
-			p.setState(res.AppliedState(), d, lm) // the next HEAD confirms nobody wrote since
+			p.setState(res.AppliedState(), d, lm)
+			p.confirm() // APISIX's 202 on the decide connection
 		}
 	}
 }

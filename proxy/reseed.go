@@ -77,6 +77,7 @@ func (p *Proxy) refreshKept(ctx context.Context, digest, lastModified string) {
 		return
 	}
 	p.setState(st, d, lm)
+	p.confirm()
 	p.learnFrom(st, lm, learntByWatch)
 	p.keep.set(keptFromState(st, d, lm, p.dp.owned))
 	p.keep.refreshDue.Store(false)
@@ -156,6 +157,7 @@ func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *
 	// the record still holds: the data plane has the same versions and content again
 	if d := resp.Header.Get("X-Digest"); d != "" && lm != "" {
 		p.setState(&rewrite.State{Versions: k.Versions}, d, lm)
+		p.confirm() // the re-seed's 202 on the decide connection
 	}
 	return true
 }

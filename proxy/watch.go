@@ -18,16 +18,26 @@ import (
 // stored document (≈ 0.3 s of a worker at 40,000 routes), while HEAD /apisix/admin and
 // an empty POST /configs/validate cost well under a millisecond. So:
 //
-//   - The watch pings HEAD /apisix/admin every --reseed-interval on a kept-alive
-//     connection of its own. A container restart closes that connection; the configs
+//   - The watch pings HEAD /apisix/admin every --reseed-interval on the decide
+//     connection, which stays open between syncs. A container restart closes it; the configs
 //     HEAD that tells an empty data plane is asked on such evidence (the ping had to
 //     open a new connection, failed, or saw another Server version), when confshim
 //     could not derive the kept configuration, and otherwise as often as a cost budget
 //     allows (lookInterval): between --reseed-interval and once a minute.
-//   - Under the PUT lock, the state read (HEAD or GET) and the PUT travel on one
-//     connection of their own, and the PUT may not open a new one: a data plane that
-//     restarted between the read and the PUT closed that connection, so the PUT is
-//     never sent to it, and the decision is taken again on a fresh read.
+//   - Under the PUT lock, the state read and the PUT travel on that connection, and the
+//     PUT may not open a new one: a data plane that restarted since the state was last
+//     confirmed (read, or written by confshim's own accepted PUT) closed it, so the PUT
+//     is never sent to it, and the decision is taken again on a fresh read.
+//   - So no read is needed per sync (issue 27): while the connection that confirmed the
+//     state is the one open, a sync is decided on confshim's belief, and APISIX's own
+//     version check proves it still holds — an out-of-band write that changed a section
+//     raised its version, and a PUT decided on the old one is answered 400 "… must be
+//     greater than or equal to …", then decided again on a fresh read (§5.4). A version
+//     check cannot see a writer that set a section to exactly the version a bump would
+//     choose (to APISIX an equal version means "keep what you hold"), so a decision that
+//     bumps is checked first (HEAD, as before). Trust ends with any sign of doubt: a
+//     re-opened connection, a ping that failed or met another Server, a PUT whose answer
+//     was not a 2xx.
 
 // safetyCheckInterval bounds how long an unnoticed change can go unseen by the watch:
 // at least one configs HEAD a minute, however large the configuration.
@@ -44,20 +54,24 @@ func noRedial(ctx context.Context) context.Context {
 	return context.WithValue(ctx, noRedialKey{}, true)
 }
 
-// transports are the three ways confshim talks to APISIX.
+// transports are the two ways confshim talks to APISIX.
 type transports struct {
-	shared http.RoundTripper // passthrough, probes, the watch's configs HEAD
-	decide http.RoundTripper // under the PUT lock: state read and PUT on one connection
-	ping   http.RoundTripper // the watch's HEAD /apisix/admin, one kept-alive connection
-	// pingDials counts the connections the ping opened: a new one is evidence that the
-	// data plane restarted (or at least closed its connections).
-	pingDials *atomic.Uint64
+	shared http.RoundTripper // passthrough, probes, validate, the watch's configs HEAD
+	// decide is one kept-alive connection used under the PUT lock only: the state read,
+	// the PUT and the watch's ping travel on it. A restarted data plane closed it, so a
+	// PUT that may not dial (noRedial) never reaches a data plane its decision did not
+	// see.
+	decide http.RoundTripper
+	// dials counts the connections decide opened (nil when shared is not an
+	// *http.Transport, in tests): confshim trusts what it believes of the data plane
+	// only while it is the connection that confirmed it.
+	dials *atomic.Uint64
 }
 
-// newTransports derives the decide and ping transports from the shared one. A shared
-// transport that is not an *http.Transport (tests) serves all three.
+// newTransports derives the decide transport from the shared one. A shared transport
+// that is not an *http.Transport (tests) serves both, and nothing is trusted unread.
 func newTransports(shared http.RoundTripper) transports {
-	t := transports{shared: shared, decide: shared, ping: shared, pingDials: &atomic.Uint64{}}
+	t := transports{shared: shared, decide: shared}
 	base, ok := shared.(*http.Transport)
 	if !ok {
 		return t
@@ -65,22 +79,24 @@ func newTransports(shared http.RoundTripper) transports {
 	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	decide := base.Clone()
 	decide.MaxConnsPerHost, decide.MaxIdleConnsPerHost = 1, 1
+	dials := &atomic.Uint64{}
 	decide.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if ctx.Value(noRedialKey{}) != nil {
 			return nil, errRedial
 		}
-		return dialer.DialContext(ctx, network, addr)
-	}
-	ping := base.Clone()
-	ping.MaxConnsPerHost, ping.MaxIdleConnsPerHost = 1, 1
-	ping.WriteBufferSize, ping.ReadBufferSize = 4<<10, 4<<10
-	dials := t.pingDials
-	ping.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		dials.Add(1)
 		return dialer.DialContext(ctx, network, addr)
 	}
-	t.decide, t.ping = &exclusive{rt: decide}, ping
+	t.decide, t.dials = &exclusive{rt: decide}, dials
 	return t
+}
+
+// dialCount is how many connections decide opened; ok is false where they are not counted.
+func (t transports) dialCount() (n uint64, ok bool) {
+	if t.dials == nil {
+		return 0, false
+	}
+	return t.dials.Load(), true
 }
 
 // errConnectionHeld: a request on the decide connection while an answer on it is still
@@ -158,8 +174,9 @@ func (p *Proxy) hasValidate() bool {
 	return p.serverMinor.Load() >= 15 && !p.noValidate.Load()
 }
 
-// ping is HEAD /apisix/admin on the watch's own connection: no key, no decode of the
-// configuration on APISIX. It returns the Server header.
+// ping is HEAD /apisix/admin on the decide connection (the caller holds the PUT lock):
+// no key, no decode of the configuration on APISIX. It keeps that connection open
+// between syncs and returns the Server header.
 func (p *Proxy) ping(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, min(p.cfg.UpstreamTimeout, 5*time.Second))
 	defer cancel()
@@ -170,7 +187,7 @@ func (p *Proxy) ping(ctx context.Context) (string, error) {
 	if p.cfg.AdminKey != "" {
 		req.Header.Set("X-API-KEY", p.cfg.AdminKey) // APISIX needs none here; a stricter front may
 	}
-	resp, err := p.tr.ping.RoundTrip(req)
+	resp, err := p.tr.decide.RoundTrip(req)
 	if err != nil {
 		return "", err
 	}
@@ -195,14 +212,27 @@ func (p *Proxy) watchDataPlane(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		dials := p.tr.pingDials.Load()
+		select {
+		case p.putLock <- struct{}{}:
+		default:
+			continue // a PUT is in flight on the decide connection: it tells what a ping would
+		}
+		dials, _ := p.tr.dialCount()
 		server, err := p.ping(ctx)
+		redialed := false
+		if n, ok := p.tr.dialCount(); ok && n != dials {
+			redialed = true
+		}
+		if err != nil || redialed || server != lastServer {
+			p.dp.trusted = false // down, a new connection, or another APISIX answering
+		}
+		p.unlockPut()
 		if err != nil {
 			suspect = true // unreachable or reset: it may come back empty
 			p.log.Debug().Str("event", "watch").Str("error", safeError(err)).Msg("the data plane did not answer the ping")
 			continue
 		}
-		if p.tr.pingDials.Load() != dials || server != lastServer {
+		if redialed || server != lastServer {
 			suspect = true // a new connection, or another APISIX answering
 		}
 		lastServer = server

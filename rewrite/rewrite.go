@@ -645,6 +645,26 @@ type SectionOutcome struct {
 	FromBody bool
 }
 
+// Bumps reports whether the decision chose, for some section, a version above the
+// data plane's (a bump, §5.1, or a changed merged union): where it was decided on
+// confshim's record without a fresh read, such a version could equal one an
+// out-of-band writer set meanwhile, which APISIX would take as "keep what you hold".
+func (r *Result) Bumps() bool {
+	if r == nil || len(r.Changes) == 0 {
+		return false
+	}
+	current := make(map[string]float64, len(r.sections))
+	for _, o := range r.sections {
+		current[o.section] = o.current
+	}
+	for _, c := range r.Changes {
+		if c.To > current[c.Section] {
+			return true
+		}
+	}
+	return false
+}
+
 // Outcomes lists the sections the data plane knows after a 202 to the forwarded body.
 func (r *Result) Outcomes() []SectionOutcome {
 	out := make([]SectionOutcome, 0, len(r.sections))
