@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/confshim/confshim/integration/adcclient"
+	"github.com/confshim/confshim/integration/emulator"
 )
 
 // BenchmarkSync measures what APISIX does for ADC-shaped syncs of the 10k configuration
@@ -91,7 +93,7 @@ func BenchmarkSync(b *testing.B) {
 func BenchmarkDecodes(b *testing.B) {
 	flip := map[string]string{"a": "b", "b": "a"}
 	for _, n := range []int{10000, 40000} {
-		for _, scenario := range []string{"identical", "one-route", "idle"} {
+		for _, scenario := range []string{"identical", "one-route", "reordered", "oob-between", "idle"} {
 			for _, through := range []bool{false, true} {
 				name := fmt.Sprintf("%dk/%s/direct", n/1000, scenario)
 				if through {
@@ -121,21 +123,50 @@ func BenchmarkDecodes(b *testing.B) {
 						b.ReportMetric(float64(s.em.Costs().Decodes()-before)/minutes, "decodes/idle-min")
 						return
 					}
-					variant, decodes, syncs := "a", 0, 0
+					variant, decodes, syncs, reloads := "a", 0, 0, 0
 					for b.Loop() {
-						if scenario == "one-route" {
+						cfg := largeConfig(n, variant)
+						switch scenario {
+						case "one-route":
 							variant = flip[variant]
+							cfg = largeConfig(n, variant)
+						case "reordered": // a replica that led, a bypassCache sync: the same items, another order
+							if syncs%2 == 0 {
+								slices.Reverse(cfg["upstreams"])
+							}
+						case "oob-between": // an operator's hand write between two syncs (not counted)
+							b.StopTimer()
+							oobSecret(b, s, syncs)
+							b.StartTimer()
 						}
-						before := s.em.Costs().Decodes()
-						mustLand(b, sync1(b, c, largeConfig(n, variant)))
+						before, reloaded := s.em.Costs().Decodes(), s.em.TotalReloads()
+						res := sync1(b, c, cfg)
+						if through || scenario != "oob-between" { // straight, that sync is refused
+							mustLand(b, res)
+						}
 						decodes += s.em.Costs().Decodes() - before
+						reloads += s.em.TotalReloads() - reloaded
 						syncs++
 					}
 					b.ReportMetric(float64(decodes)/float64(syncs), "decodes/sync")
+					b.ReportMetric(float64(reloads)/float64(syncs), "reloads/sync")
 				})
 			}
 		}
 	}
+}
+
+// oobSecret registers the i-th secrets manager straight on the data plane, at the
+// next secrets version, every other section kept (a versions-only PUT).
+func oobSecret(b *testing.B, s *stack, i int) {
+	v := s.em.SectionVersion("secrets") + 1
+	body := fmt.Sprintf(`{"secrets_conf_version":%v,"secrets":[{"id":"vault/%d","uri":"http://vault:8200","prefix":"kv","token":"t"}]`, v, i)
+	for _, section := range emulator.Sections {
+		if section != "secrets" {
+			body += fmt.Sprintf(`,"%s_conf_version":%v`, section, s.em.SectionVersion(section))
+		}
+	}
+	adminPut(b, s.dpURL, body+"}", fmt.Sprintf("oob-%d", i))
 }
 
 // BenchmarkFallback: the 10k configuration through confshim with --fallback backfill and
