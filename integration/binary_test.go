@@ -143,16 +143,6 @@ func (c *countingDataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.em.ServeHTTP(w, r)
 }
 
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // TestMemoryDoesNotFollowAnnouncedLengths is contract §5.7 (issue: 16 connections
 // announcing 16 MiB raised RSS by 260 MiB): 20 connections each announce 64 MiB and
