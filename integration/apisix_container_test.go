@@ -18,7 +18,7 @@ import (
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/wait"
 
-	"github.com/confshim/confshim/integration/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/adcclient"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/proxy"
 	"github.com/confshim/confshim/rewrite"

@@ -1,7 +1,7 @@
 package integration
 
 import (
-	"github.com/confshim/confshim/integration/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/adcclient"
 
 	"net/http"
 	"os"

@@ -17,7 +17,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fastjson"
 
-	"github.com/confshim/confshim/integration/fixture"
+	"github.com/confshim/confshim/internal/testsupport/fixture"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/proxy"
 	"github.com/confshim/confshim/rewrite"

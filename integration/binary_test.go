@@ -24,8 +24,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/confshim/confshim/integration/adcclient"
-	"github.com/confshim/confshim/integration/emulator"
+	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/emulator"
 )
 
 var (
@@ -142,7 +142,6 @@ func (c *countingDataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	c.em.ServeHTTP(w, r)
 }
-
 
 // TestMemoryDoesNotFollowAnnouncedLengths is contract §5.7 (issue: 16 connections
 // announcing 16 MiB raised RSS by 260 MiB): 20 connections each announce 64 MiB and

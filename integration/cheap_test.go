@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/confshim/confshim/integration/adcclient"
-	"github.com/confshim/confshim/integration/emulator"
+	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/emulator"
 )
 
 // The §8 stories: every sync cheap for APISIX. They read the emulator's cost counters

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/confshim/confshim/integration/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/adcclient"
 )
 
 // Issue 25: APISIX answers chunked (spec §12), and the emulator now does too, so every

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/confshim/confshim/integration/emulator"
+	"github.com/confshim/confshim/internal/testsupport/emulator"
 )
 
 // debugDoc reads /debug/config from a running binary.

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/confshim/confshim/integration/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/adcclient"
 )
 
 // Contract §8.5, --fallback backfill: one item APISIX rejects never blocks the rest.

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/confshim/confshim/integration/fixture"
+	"github.com/confshim/confshim/internal/testsupport/fixture"
 )
 
 func TestLoad(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/confshim/confshim/integration/fixture"
+	"github.com/confshim/confshim/internal/testsupport/fixture"
 )
 
 func heapAlloc() uint64 {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/confshim/confshim/integration/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/adcclient"
 )
 
 // Contract §8.6: --merge sections are shared item by item between the client and

@@ -24,8 +24,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/confshim/confshim/integration/adcclient"
-	"github.com/confshim/confshim/integration/emulator"
+	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/emulator"
 )
 
 // soakHook restarts the data plane at a chosen point of the next sync.

@@ -19,8 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 
-	"github.com/confshim/confshim/integration/adcclient"
-	"github.com/confshim/confshim/integration/emulator"
+	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/emulator"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/proxy"
 	"github.com/confshim/confshim/rewrite"

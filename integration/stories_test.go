@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/confshim/confshim/integration/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/adcclient"
 )
 
 // Each story runs against the emulator as APISIX behaves and with --fill-defaults, and

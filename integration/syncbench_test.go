@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/confshim/confshim/integration/adcclient"
-	"github.com/confshim/confshim/integration/emulator"
+	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/emulator"
 )
 
 // BenchmarkSync measures what APISIX does for ADC-shaped syncs of the 10k configuration

@@ -18,8 +18,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/confshim/confshim/integration/emulator"
-	"github.com/confshim/confshim/integration/testcerts"
+	"github.com/confshim/confshim/internal/testsupport/emulator"
+	"github.com/confshim/confshim/internal/testsupport/testcerts"
 )
 
 func TestAllowCIDRs(t *testing.T) {

@@ -3,7 +3,7 @@ package rewrite
 import (
 	"testing"
 
-	"github.com/confshim/confshim/integration/fixture"
+	"github.com/confshim/confshim/internal/testsupport/fixture"
 	"github.com/valyala/fastjson"
 )
 

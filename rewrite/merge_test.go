@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/confshim/confshim/integration/emulator"
+	"github.com/confshim/confshim/internal/testsupport/emulator"
 )
 
 // TestMergePropertyAgainstTheEmulator drives random sequences of client snapshots and

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/confshim/confshim/integration/emulator"
+	"github.com/confshim/confshim/internal/testsupport/emulator"
 )
 
 // The property test forwards rewritten bodies to the APISIX emulator holding the state

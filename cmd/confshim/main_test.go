@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/confshim/confshim/integration/emulator"
+	"github.com/confshim/confshim/internal/testsupport/emulator"
 )
 
 func noEnv(string) (string, bool) { return "", false }

@@ -13,8 +13,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/confshim/confshim/integration/emulator"
-	"github.com/confshim/confshim/integration/testcerts"
+	"github.com/confshim/confshim/internal/testsupport/emulator"
+	"github.com/confshim/confshim/internal/testsupport/testcerts"
 )
 
 // startArgs runs confshim in front of a fresh emulator, with extra flags.

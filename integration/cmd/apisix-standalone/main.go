@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/confshim/confshim/integration/emulator"
+	"github.com/confshim/confshim/internal/testsupport/emulator"
 )
 
 func main() {
