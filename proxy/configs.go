@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -32,22 +31,6 @@ type dataPlane struct {
 	unownedSaid  map[string]bool // sections whose missing ownership was logged
 }
 
-// RefusedError: APISIX refused a request confshim made with the caller's credentials
-// (401/403); the caller's PUT then goes to APISIX untouched, to be refused in its words.
-type RefusedError struct{ Status int }
-
-func (e RefusedError) Error() string { return fmt.Sprintf("state read refused with %d", e.Status) }
-
-// StateStatusError: APISIX answered a state read with an unexpected status.
-type StateStatusError struct {
-	Method string
-	Status int
-}
-
-func (e StateStatusError) Error() string {
-	return fmt.Sprintf("%s %s answered %d", e.Method, ConfigsPath, e.Status)
-}
-
 // BadStateError: APISIX answered the state read, but not with a usable document.
 type BadStateError struct{ Err error }
 
@@ -63,7 +46,7 @@ type putRequest struct {
 	w     http.ResponseWriter
 	r     *http.Request
 	ctx   context.Context // under the lock: the request's, bounded by the PUT's deadline
-	creds credentials
+	creds apisix.Credentials
 
 	in          rewrite.Input // the body and the client's digest
 	prepared    *rewrite.Prepared
@@ -98,7 +81,7 @@ const maxRedials = 2
 // X-Confshim-Actions.
 func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 	cw := &capturingWriter{ResponseWriter: w}
-	pr := &putRequest{p: p, w: cw, r: r, creds: credentialsOf(r), start: time.Now(), learnt: learntByReread}
+	pr := &putRequest{p: p, w: cw, r: r, creds: apisix.CredentialsOf(r), start: time.Now(), learnt: learntByReread}
 	defer pr.record(cw) // after the lock is given back
 	if !pr.authorize() || !pr.readBody() {
 		return
@@ -159,11 +142,11 @@ func (c *capturingWriter) Write(b []byte) (int, error) {
 
 func (c *capturingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
-// authorize asks APISIX, with the caller's credentials, whether it may use the
+// authorize asks APISIX, with the caller's apisix.Credentials, whether it may use the
 // configuration; a caller APISIX refuses costs no more than a plain proxy would (§5.7).
 func (pr *putRequest) authorize() bool {
 	err := pr.p.probe(pr.r.Context(), pr.creds)
-	var refused RefusedError
+	var refused apisix.RefusedError
 	switch {
 	case errors.As(err, &refused):
 		pr.p.m.Untouch(metrics.UntouchedRefused)
@@ -259,36 +242,35 @@ func (pr *putRequest) forward() *answer {
 			out.digest, out.setDigest = pr.in.Digest, true // the corrected body is not the client's
 		}
 		pr.forwardedBody = out.body
-		resp, respBody, err := pr.send(out, res)
-		if res != nil && redials < maxRedials && (errors.Is(err, errRedial) || pr.connectionBroke(err)) {
+		ans, err := pr.send(out, res)
+		if res != nil && redials < maxRedials && (errors.Is(err, apisix.ErrRedial) || apisix.ConnectionBroke(pr.r.Context(), err)) {
 			// The data plane closed the connection its state was read on (a restart, most
 			// likely): whatever happened to this PUT, a fresh read shows it, and the
 			// decision taken on that read is the right one either way.
 			redials++
 			p.setState(nil, "", "")
 			p.forgetBelief() // the PUT may have landed: what the read shows is not a stranger's
-			p.log.Info().Str("event", "redial").Str("error", safeError(err)).Msg("the connection the data plane's state was read on closed; deciding again on a fresh read")
+			p.log.Info().Str("event", "redial").Str("error", apisix.SafeError(err)).Msg("the connection the data plane's state was read on closed; deciding again on a fresh read")
 			continue
 		}
 		if err != nil {
 			p.upstreamFailed(pr.w, pr.r, err, "PUT "+ConfigsPath)
 			return nil
 		}
-		if resp.StatusCode == http.StatusBadRequest && bytes.Contains(respBody, []byte(conflictMessage)) {
+		if ans.Status == http.StatusBadRequest && bytes.Contains(ans.Body, []byte(conflictMessage)) {
 			p.setState(nil, "", "") // something wrote in between: never trust the cache again
 			if res != nil && !conflictRetried {
 				conflictRetried = true
 				pr.learnt = learntByConflict
-				resp.Body.Close()
 				p.m.ConflictRetries.Inc()
 				p.log.Info().Str("event", "conflict_retry").Msg("APISIX rejected a version a concurrent write raised; reading its state again")
 				continue
 			}
 		}
 		var fb *fallbackResult
-		if resp.StatusCode == http.StatusBadRequest {
+		if ans.Status == http.StatusBadRequest {
 			var lost error
-			if fb, lost = pr.fallBack(out, res, respBody); lost != nil {
+			if fb, lost = pr.fallBack(out, res, ans.Body); lost != nil {
 				// a corrected PUT got no answer: whether APISIX applied it is unknown,
 				// so confshim believes nothing and says so
 				p.setState(nil, "", "")
@@ -297,7 +279,7 @@ func (pr *putRequest) forward() *answer {
 				return nil
 			}
 			if fb != nil {
-				resp, respBody, out = fb.resp, fb.respBody, fb.out
+				ans, out = fb.ans, fb.out
 			}
 		}
 		pr.res, pr.bytesOut, pr.answeredByAPISIX = res, len(out.body), true
@@ -309,42 +291,31 @@ func (pr *putRequest) forward() *answer {
 		if fb != nil {
 			prepared = fb.prepared // what APISIX took is the corrected body
 		}
-		p.count(res, out, resp)
-		p.keep.afterPut(resp, res, prepared, pr.creds, &p.dp) // before remember: it reads the state the PUT was decided on
-		p.remember(resp, res, out)
+		p.count(res, out, ans)
+		p.keep.afterPut(ans, res, prepared, pr.creds, &p.dp) // before remember: it reads the state the PUT was decided on
+		p.remember(ans, res, out)
 		held := pr.held(fb)
-		if resp.StatusCode/100 == 2 {
+		if ans.Status/100 == 2 {
 			pr.afterAccepted(fb)
 		}
-		return &answer{resp: resp, body: respBody, actions: actionsHeader(resp, res, held)}
+		return &answer{ans: ans, actions: actionsHeader(ans, res, held)}
 	}
-}
-
-// connectionBroke: the PUT got no answer because the data plane's connection broke
-// (reset, closed while idle, or another transport failure), not because the client left
-// or time ran out.
-func (pr *putRequest) connectionBroke(err error) bool {
-	if err == nil || errors.Is(err, errConnectionHeld) {
-		return false
-	}
-	kind, _ := classify(pr.r.Context(), err)
-	return kind == metrics.Reset || kind == metrics.OtherError
 }
 
 // send forwards one complete PUT. A decided body goes on the connection its state was
-// read on, or not at all (errRedial).
-func (pr *putRequest) send(out outgoingPut, res *rewrite.Result) (*http.Response, []byte, error) {
-	rt, ctx := pr.p.tr.shared, pr.ctx
+// read on, or not at all (apisix.ErrRedial).
+func (pr *putRequest) send(out outgoingPut, res *rewrite.Result) (*apisix.Answer, error) {
+	conn, ctx := apisix.Shared, pr.ctx
 	if res != nil {
-		rt, ctx = pr.p.tr.decide, noRedial(ctx)
+		conn, ctx = apisix.Decide, apisix.NoRedial(ctx)
 	}
-	resp, respBody, done, err := pr.p.forwardPut(ctx, rt, pr.r, out)
+	ans, done, err := pr.p.forwardPut(ctx, conn, pr.r, out)
 	pr.sent = append(pr.sent, done)
 	if res != nil && res.Changed {
 		buf := res.Body[:0]
 		pr.releases = append(pr.releases, func() { pr.p.putBuf(&buf) })
 	}
-	return resp, respBody, err
+	return ans, err
 }
 
 // decide reads the data plane's state and runs the rewrite; it sets pr.untouched
@@ -352,7 +323,7 @@ func (pr *putRequest) send(out outgoingPut, res *rewrite.Result) (*http.Response
 func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	p, ctx := pr.p, pr.ctx
 	st, verified, err := p.stateFor(ctx, pr.creds, fresh, pr.learnt)
-	var refused RefusedError
+	var refused apisix.RefusedError
 	if errors.As(err, &refused) {
 		pr.untouched = metrics.UntouchedRefused // APISIX will refuse the PUT itself, in its own words
 		return nil, nil
@@ -360,7 +331,7 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if p.dp.emptyDataPlane(p.noHead.Load()) && p.keep.enabled && p.keep.kept != nil {
+	if p.dp.emptyDataPlane(p.api.NoHead()) && p.keep.enabled && p.keep.kept != nil {
 		// §8.4: the client's sync beat the watch to a restarted data plane; the kept
 		// configuration (out-of-band sections too) goes back first, then this sync is
 		// decided against it
@@ -514,7 +485,7 @@ func (p *Proxy) logDecision(res *rewrite.Result) {
 // forwarded. An answer APISIX gave but confshim cannot use is a 502; no answer at all
 // is classified like any upstream failure (502, or 504 on a timeout).
 func (p *Proxy) stateReadFailed(w http.ResponseWriter, r *http.Request, err error) {
-	var status StateStatusError
+	var status apisix.StatusError
 	var bad BadStateError
 	if errors.As(err, &status) || errors.As(err, &bad) {
 		p.m.UpstreamError(metrics.OtherError)
@@ -524,93 +495,20 @@ func (p *Proxy) stateReadFailed(w http.ResponseWriter, r *http.Request, err erro
 	p.upstreamFailed(w, r, err, "read the data plane's state before the PUT; nothing was forwarded")
 }
 
-// probe asks APISIX whether the caller's credentials are an admin's, with exactly the
-// credentials the PUT carries, by the cheapest call the data plane offers: an empty
-// POST /configs/validate (3.15+: no decode of the stored configuration), else HEAD
-// /configs (3.14), else the state itself by GET (3.13). It proves that APISIX accepts
-// the credentials for a method other than GET (a viewer key is refused by validate and
-// HEAD alike); only on 3.13's GET does a viewer key pass it, and APISIX then refuses the
-// PUT itself. It does not prove the PUT will be accepted. A refusal is a RefusedError.
-func (p *Proxy) probe(ctx context.Context, creds credentials) error {
-	if p.hasValidate() {
-		status, err := p.validateEmpty(ctx, creds)
-		switch {
-		case err != nil:
-			return err
-		case status == http.StatusUnauthorized || status == http.StatusForbidden:
-			return RefusedError{status}
-		case status != http.StatusNotFound:
-			return nil // the state read under the lock decides
-		}
-		p.noValidate.Store(true) // a front that does not route validate: HEAD from now on
-	}
-	if !p.noHead.Load() {
-		head, status, err := p.head(ctx, p.tr.shared, creds)
-		switch {
-		case err != nil:
-			return err
-		case head != nil:
-			return nil
-		case status == http.StatusNotFound:
-			p.noHead.Store(true) // APISIX 3.13: no HEAD on /configs
-			p.log.Info().Str("event", "no_head").Msg("the data plane has no HEAD /apisix/admin/configs (APISIX 3.13): state reads use GET, re-seeding is off")
-		case status != http.StatusMethodNotAllowed:
-			return nil // the state read under the lock decides
-		}
-	}
-	// a GET on the shared connection: the state under the lock is read again on the
-	// decide connection, which the PUT then takes
-	_, _, _, err := p.readStateOn(ctx, p.tr.shared, creds)
-	return err
+// probe asks APISIX, with exactly the credentials the PUT carries, whether the caller
+// may use the configuration (apisix.Client.Probe).
+func (p *Proxy) probe(ctx context.Context, creds apisix.Credentials) error {
+	return p.api.Probe(ctx, creds, p.stateLimit())
 }
 
-// validateEmpty is POST /apisix/admin/configs/validate with body {} and the caller's
-// credentials: APISIX checks the key and validates nothing.
-func (p *Proxy) validateEmpty(ctx context.Context, creds credentials) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.UpstreamTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.upstreamURL(ConfigsPath+"/validate", creds.rawQuery), strings.NewReader("{}"))
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	creds.apply(req)
-	resp, err := p.tr.shared.RoundTrip(req)
-	if err != nil {
-		return 0, err
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-	resp.Body.Close()
-	p.noteAnswer(resp)
-	return resp.StatusCode, nil
-}
-
-// head is HEAD /apisix/admin/configs with the caller's credentials on rt: the metadata
-// when APISIX answers 200, a RefusedError on 401/403, otherwise the status alone.
-func (p *Proxy) head(ctx context.Context, rt http.RoundTripper, creds credentials) (*headResult, int, error) {
-	resp, err := p.sideRequest(ctx, rt, http.MethodHead, creds)
-	if err != nil {
-		return nil, 0, err
-	}
-	resp.Body.Close()
-	switch resp.StatusCode {
-	case http.StatusOK:
-		return &headResult{digest: resp.Header.Get("X-Digest"), lastModified: resp.Header.Get("X-Last-Modified")}, http.StatusOK, nil
-	case http.StatusUnauthorized, http.StatusForbidden:
-		return nil, resp.StatusCode, RefusedError{resp.StatusCode}
-	}
-	return nil, resp.StatusCode, nil
-}
-
-// headResult is what HEAD /apisix/admin/configs tells: no X-Last-Modified means the
-// data plane holds nothing (nothing stored since it started).
-type headResult struct{ digest, lastModified string }
+// stateLimit bounds a configuration confshim reads from the data plane.
+func (p *Proxy) stateLimit() int64 { return 4 * p.cfg.MaxBodyBytes }
 
 // stateFor returns the data plane's state under the PUT lock, read on the decide
 // connection: the cached copy when a HEAD shows nobody wrote since it was read,
 // otherwise a GET.
-func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
-	if !fresh && p.dp.state != nil && !p.noHead.Load() {
+func (p *Proxy) stateFor(ctx context.Context, creds apisix.Credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
+	if !fresh && p.dp.state != nil && !p.api.NoHead() {
 		if p.trusts() {
 			return p.dp.state, false, nil // the PUT's version check proves it (watch.go)
 		}
@@ -631,12 +529,12 @@ func (p *Proxy) stateFor(ctx context.Context, creds credentials, fresh bool, how
 // revalidate is HEAD /apisix/admin/configs on the decide connection: whether the data
 // plane still holds the state confshim has (anything but a match, a changed state or
 // an odd status, is false: a GET decides).
-func (p *Proxy) revalidate(ctx context.Context, creds credentials) (bool, error) {
-	head, _, err := p.head(ctx, p.tr.decide, creds)
+func (p *Proxy) revalidate(ctx context.Context, creds apisix.Credentials) (bool, error) {
+	head, _, err := p.api.Head(ctx, apisix.Decide, creds)
 	if err != nil {
 		return false, err
 	}
-	if head != nil && head.digest == p.dp.digest && head.lastModified == p.dp.lastModified {
+	if head != nil && head.Digest == p.dp.digest && head.LastModified == p.dp.lastModified {
 		p.confirm()
 		return true, nil
 	}
@@ -646,14 +544,14 @@ func (p *Proxy) revalidate(ctx context.Context, creds credentials) (bool, error)
 // trusts: the cached state was confirmed on the decide connection that is still open,
 // with no doubt since (see watch.go), so a sync may be decided on it unread.
 func (p *Proxy) trusts() bool {
-	n, counted := p.tr.dialCount()
+	n, counted := p.api.DialCount()
 	return counted && p.dp.trusted && n == p.dp.trustedDials && p.dp.lastModified != ""
 }
 
 // confirm: the cached state was just confirmed on the decide connection.
 func (p *Proxy) confirm() {
 	p.dp.trusted = true
-	p.dp.trustedDials, _ = p.tr.dialCount()
+	p.dp.trustedDials, _ = p.api.DialCount()
 }
 
 func (p *Proxy) setState(st *rewrite.State, digest, lastModified string) {
@@ -671,82 +569,21 @@ func (d *dataPlane) emptyDataPlane(noHead bool) bool {
 }
 
 // readState is GET /apisix/admin/configs with the caller's credentials, on the decide
-// connection.
-func (p *Proxy) readState(ctx context.Context, creds credentials) (*rewrite.State, string, string, error) {
-	return p.readStateOn(ctx, p.tr.decide, creds)
-}
-
-func (p *Proxy) readStateOn(ctx context.Context, rt http.RoundTripper, creds credentials) (*rewrite.State, string, string, error) {
-	resp, err := p.sideRequest(ctx, rt, http.MethodGet, creds)
-	if err != nil {
-		return nil, "", "", err
-	}
-	defer resp.Body.Close()
+// connection, parsed.
+func (p *Proxy) readState(ctx context.Context, creds apisix.Credentials) (*rewrite.State, string, string, error) {
+	body, meta, err := p.api.Get(ctx, apisix.Decide, creds, p.stateLimit())
+	var tooBig apisix.TooBigError
 	switch {
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
-		return nil, "", "", RefusedError{resp.StatusCode}
-	case resp.StatusCode != http.StatusOK:
-		return nil, "", "", StateStatusError{http.MethodGet, resp.StatusCode}
-	}
-	body, err := readAllSized(resp, 4*p.cfg.MaxBodyBytes)
-	if err != nil {
-		return nil, "", "", err // BadStateError (too big) or the transport's: no usable answer
+	case errors.As(err, &tooBig):
+		return nil, "", "", BadStateError{err}
+	case err != nil:
+		return nil, "", "", err // refused, another status, or no usable answer
 	}
 	st, err := rewrite.ParseState(body)
 	if err != nil {
 		return nil, "", "", BadStateError{err}
 	}
-	return st, resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified"), nil
-}
-
-// readAllSized reads a response body of at most limit bytes, in one allocation when
-// the length is announced (io.ReadAll's doubling would leave twice the state as garbage).
-func readAllSized(resp *http.Response, limit int64) ([]byte, error) {
-	if resp.ContentLength > limit {
-		return nil, BadStateError{fmt.Errorf("data plane state is over %d bytes", limit)}
-	}
-	if resp.ContentLength > 0 {
-		body := make([]byte, resp.ContentLength)
-		_, err := io.ReadFull(resp.Body, body)
-		return body, err
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
-	if err == nil && int64(len(body)) > limit {
-		return nil, BadStateError{fmt.Errorf("data plane state is over %d bytes", limit)}
-	}
-	return body, err
-}
-
-// sideRequest is a request confshim makes for a caller, with the caller's credentials
-// exactly as sent, bounded by --upstream-timeout.
-func (p *Proxy) sideRequest(ctx context.Context, rt http.RoundTripper, method string, creds credentials) (*http.Response, error) {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.UpstreamTimeout)
-	req, err := http.NewRequestWithContext(ctx, method, p.upstreamURL(ConfigsPath, creds.rawQuery), nil)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	req.Header.Set("Accept", "application/json")
-	creds.apply(req)
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	p.noteAnswer(resp)
-	resp.Body = cancelOnClose{resp.Body, cancel}
-	return resp, nil
-}
-
-type cancelOnClose struct {
-	io.ReadCloser
-	cancel context.CancelFunc
-}
-
-func (c cancelOnClose) Close() error {
-	err := c.ReadCloser.Close()
-	c.cancel()
-	return err
+	return st, meta.Digest, meta.LastModified, nil
 }
 
 // outgoingPut is the PUT confshim forwards: the body and the X-Digest to send.
@@ -773,95 +610,23 @@ func (p *Proxy) outgoing(in rewrite.Input, res *rewrite.Result) outgoingPut {
 	return out
 }
 
-// forwardPut sends one complete PUT and reads APISIX's answer whole (readAnswer): the
-// response it returns has an empty body, the bytes come apart. done closes when the
-// transport let go of the request body.
-func (p *Proxy) forwardPut(ctx context.Context, rt http.RoundTripper, r *http.Request, out outgoingPut) (*http.Response, []byte, <-chan struct{}, error) {
-	body := newSentBody(out.body)
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.UpstreamTimeout)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, p.forwardURL(r), body)
-	if err != nil {
-		cancel()
-		body.Close()
-		return nil, nil, body.done, err
-	}
-	req.ContentLength = int64(len(out.body))
-	req.Header = r.Header.Clone()
-	removeHopHeaders(req.Header)
-	req.Header.Del("Expect")
-	req.Header.Del("Content-Length")
+// forwardPut sends one complete PUT, with the client's headers (hop-by-hop ones
+// removed, X-Digest as decided), and reads APISIX's answer whole. done closes when the
+// transport let go of the body.
+func (p *Proxy) forwardPut(ctx context.Context, conn apisix.Conn, r *http.Request, out outgoingPut) (*apisix.Answer, <-chan struct{}, error) {
+	header := r.Header.Clone()
+	apisix.RemoveHopHeaders(header)
+	header.Del("Expect")
+	header.Del("Content-Length")
 	if out.setDigest {
-		req.Header.Del("X-Digest")
-		req.Header.Set("X-Digest", out.digest)
+		header.Del("X-Digest")
+		header.Set("X-Digest", out.digest)
 	}
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		cancel()
-		return nil, nil, body.done, err
-	}
-	defer cancel()
-	p.noteAnswer(resp)
-	answer, err := p.readAnswer(resp)
-	if err != nil {
-		return nil, nil, body.done, err
-	}
-	return resp, answer, body.done, nil
-}
-
-// maxAnswerBytes bounds an answer to a configs PUT or a re-seed, which confshim reads
-// whole (APISIX's Lua writes a few hundred bytes there at most).
-const maxAnswerBytes = 1 << 20
-
-// readAnswer reads an answer's body to its end and closes it, so that its connection
-// is free for the next request at once: APISIX answers chunked (spec §12), and a
-// connection whose chunked body is still open is not reused — a second request on the
-// decide connection would wait for it for ever. The body left on resp is empty. A
-// longer answer is cut at maxAnswerBytes (its connection then closes).
-func (p *Proxy) readAnswer(resp *http.Response) ([]byte, error) {
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
-	resp.Body = http.NoBody
-	if err != nil {
-		return nil, err
-	}
-	if len(body) > maxAnswerBytes {
-		p.log.Warn().Str("event", "long_answer").Int("status", resp.StatusCode).Msg("APISIX's answer is over 1 MiB; the client gets its first 1 MiB")
-		body = body[:maxAnswerBytes]
-	}
-	return body, nil
-}
-
-// sentBody is a request body that says when the transport closed it: only then may
-// its pooled buffer be reused (RoundTrip can return while the body is still being
-// written, when APISIX answers early).
-type sentBody struct {
-	*bytes.Reader
-	done   chan struct{}
-	closed bool
-}
-
-func newSentBody(b []byte) *sentBody {
-	return &sentBody{Reader: bytes.NewReader(b), done: make(chan struct{})}
-}
-
-func (s *sentBody) Close() error {
-	if !s.closed {
-		s.closed = true
-		close(s.done)
-	}
-	return nil
-}
-
-func (p *Proxy) forwardURL(r *http.Request) string {
-	u := *p.upstream
-	u.Path = p.upstream.Path + r.URL.Path
-	u.RawPath = p.upstream.EscapedPath() + r.URL.EscapedPath()
-	u.RawQuery = r.URL.RawQuery
-	return u.String()
+	return p.api.Put(ctx, conn, p.api.ForwardURL(r), header, out.body)
 }
 
 // count feeds the decision's metrics once APISIX answered.
-func (p *Proxy) count(res *rewrite.Result, out outgoingPut, resp *http.Response) {
+func (p *Proxy) count(res *rewrite.Result, out outgoingPut, ans *apisix.Answer) {
 	if res == nil {
 		return
 	}
@@ -869,7 +634,7 @@ func (p *Proxy) count(res *rewrite.Result, out outgoingPut, resp *http.Response)
 		p.m.SectionRewrites.WithLabelValues(metrics.SectionLabel(c.Section), string(c.Action)).Inc()
 	}
 	p.m.ThinnedBytes.Add(float64(res.ThinnedBytes))
-	if out.noop && resp.StatusCode == http.StatusNoContent {
+	if out.noop && ans.Status == http.StatusNoContent {
 		p.m.NoopPuts.Inc()
 	}
 }
@@ -879,16 +644,16 @@ func (p *Proxy) count(res *rewrite.Result, out outgoingPut, resp *http.Response)
 // APISIX answers 204 to a digest it already holds whatever the body, so only a 204 to
 // the no-op PUT of §8.2 (sent with the data plane's own digest because the body changes
 // nothing) confirms the body's content.
-func (p *Proxy) remember(resp *http.Response, res *rewrite.Result, out outgoingPut) {
+func (p *Proxy) remember(ans *apisix.Answer, res *rewrite.Result, out outgoingPut) {
 	switch {
-	case resp.StatusCode < 200 || resp.StatusCode > 299:
+	case ans.Status < 200 || ans.Status > 299:
 		p.dp.trusted = false // nothing was stored, most likely; the next sync looks first
 		return
 	case res == nil:
 		p.dp.record = nil // an untouched body landed: know nothing
 		p.setState(nil, "", "")
 		p.forgetBelief()
-	case resp.StatusCode == http.StatusNoContent:
+	case ans.Status == http.StatusNoContent:
 		if out.noop {
 			p.dp.record = res.Commit(true)
 			p.noteMerges(res)
@@ -898,7 +663,7 @@ func (p *Proxy) remember(resp *http.Response, res *rewrite.Result, out outgoingP
 		p.noteMerges(res)
 		p.believe(res.AppliedState().Versions)
 		p.setState(nil, "", "")
-		if d, lm := resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified"); d != "" && lm != "" {
+		if d, lm := ans.Header.Get("X-Digest"), ans.Header.Get("X-Last-Modified"); d != "" && lm != "" {
 			p.setState(res.AppliedState(), d, lm)
 			p.confirm() // APISIX's 202 on the decide connection
 		}
@@ -926,16 +691,15 @@ func (p *Proxy) noteMerges(res *rewrite.Result) {
 // answer is APISIX's answer to the client's PUT, read whole, to be written once the
 // lock is free.
 type answer struct {
-	resp    *http.Response // status and headers; the body was read into body
-	body    []byte
+	ans     *apisix.Answer
 	actions string // X-Confshim-Actions, "" for none
 }
 
 // actionsHeader is X-Confshim-Actions when sections were rewritten (never on APISIX's
 // refusal of the caller: that would tell a stranger the decision).
-func actionsHeader(resp *http.Response, res *rewrite.Result, held []heldItem) string {
+func actionsHeader(ans *apisix.Answer, res *rewrite.Result, held []heldItem) string {
 	switch {
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+	case ans.Status == http.StatusUnauthorized || ans.Status == http.StatusForbidden:
 		return ""
 	case len(held) > 0:
 		return actionsWithBackfill(res, held)
@@ -948,18 +712,18 @@ func actionsHeader(resp *http.Response, res *rewrite.Result, held []heldItem) st
 // write answers the client with APISIX's status, headers and body.
 func (a *answer) write(w http.ResponseWriter) {
 	h := w.Header()
-	for k, v := range a.resp.Header {
+	for k, v := range a.ans.Header {
 		h[k] = v
 	}
-	removeHopHeaders(h)
+	apisix.RemoveHopHeaders(h)
 	if h.Get("Content-Length") != "" {
-		h.Set("Content-Length", strconv.Itoa(len(a.body))) // the same, unless readAnswer cut it
+		h.Set("Content-Length", strconv.Itoa(len(a.ans.Body))) // the same, unless the client cut it
 	}
 	if a.actions != "" {
 		h.Set("X-Confshim-Actions", a.actions)
 	}
-	w.WriteHeader(a.resp.StatusCode)
-	if len(a.body) > 0 {
-		_, _ = w.Write(a.body)
+	w.WriteHeader(a.ans.Status)
+	if len(a.ans.Body) > 0 {
+		_, _ = w.Write(a.ans.Body)
 	}
 }

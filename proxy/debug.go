@@ -178,12 +178,11 @@ func clipString(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// noteAnswer records an HTTP answer from APISIX: readiness, its version, its status.
-func (p *Proxy) noteAnswer(resp *http.Response) {
+// noteAnswer records an HTTP answer from APISIX: readiness, its status.
+func (p *Proxy) noteAnswer(status int) {
 	p.sawUpstream()
-	p.noteServer(resp.Header)
 	p.debug.mu.Lock()
-	p.debug.lastStatus = resp.StatusCode
+	p.debug.lastStatus = status
 	p.debug.mu.Unlock()
 }
 
@@ -365,7 +364,7 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 	p.debug.mu.Unlock()
 	sort.Slice(doc.Merge, func(i, j int) bool { return doc.Merge[i].Section < doc.Merge[j].Section })
 
-	doc.DataPlane.Server = p.serverString()
+	doc.DataPlane.Server = p.api.Server()
 	if at := p.lastAnswer.Load(); at != 0 {
 		t := time.Unix(0, at)
 		doc.DataPlane.LastAnswerAt = &t

@@ -5,9 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
-	"io"
 	"maps"
 	"net/http"
 	"regexp"
@@ -16,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -27,10 +26,6 @@ import (
 // of the same id the data plane last accepted or leaves it out (and any item of the PUT
 // that refers to one left out), and forwards the corrected PUT once. If anything in
 // that fails, the client gets APISIX's first answer unchanged.
-
-// maxValidateBody is APISIX 3.17's cap on a validate body (spec §4.4), less a margin
-// for the envelope.
-const maxValidateBody = 1572864 - 1024
 
 // maxPrefixRounds bounds the rounds on 3.13/3.14, one held item per round.
 const maxPrefixRounds = 8
@@ -78,8 +73,7 @@ func itemLevel(body []byte) bool {
 
 // fallbackResult is the corrected PUT that APISIX accepted.
 type fallbackResult struct {
-	resp     *http.Response
-	respBody []byte
+	ans      *apisix.Answer
 	out      outgoingPut
 	prepared *rewrite.Prepared // the corrected body, for the kept configuration
 	held     []heldItem
@@ -106,9 +100,9 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 	for round := 0; ; round++ {
 		var found []rejected
 		var ok bool
-		if round == 0 && p.hasValidate() {
+		if round == 0 && p.api.HasValidate() {
 			found, ok = pr.validateItems(ctx, forwarded)
-		} else if m := prefixMessage.FindStringSubmatch(errorMessage(respBody)); m != nil && !p.hasValidate() && round < maxPrefixRounds {
+		} else if m := prefixMessage.FindStringSubmatch(errorMessage(respBody)); m != nil && !p.api.HasValidate() && round < maxPrefixRounds {
 			i, _ := strconv.Atoi(m[2])
 			found, ok = []rejected{{section: m[1], index: i, err: strings.TrimPrefix(errorMessage(respBody), m[0])}}, true
 		}
@@ -149,30 +143,30 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 			pr.unavailable("the PUT's deadline passed before the corrected PUT", ctx.Err())
 			return nil, nil
 		}
-		r2, b2, done, err := p.forwardPut(noRedial(ctx), p.tr.decide, pr.r, next)
+		r2, done, err := p.forwardPut(apisix.NoRedial(ctx), apisix.Decide, pr.r, next)
 		pr.sent = append(pr.sent, done)
 		if err != nil {
 			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackUnavailable)).Inc()
-			if errors.Is(err, errRedial) || errors.Is(err, errConnectionHeld) {
+			if errors.Is(err, apisix.ErrRedial) || errors.Is(err, apisix.ErrConnectionHeld) {
 				return nil, nil // never sent: the first answer stands
 			}
 			return nil, err
 		}
-		if r2.StatusCode/100 == 2 {
+		if r2.Status/100 == 2 {
 			prepared, err := p.rw.Prepare(corrected)
 			if err != nil {
 				return nil, nil
 			}
 			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackApplied)).Inc()
-			return &fallbackResult{resp: r2, respBody: b2, out: next, prepared: prepared, held: held}, nil
+			return &fallbackResult{ans: r2, out: next, prepared: prepared, held: held}, nil
 		}
-		if r2.StatusCode != http.StatusBadRequest || p.hasValidate() || !itemLevel(b2) {
+		if r2.Status != http.StatusBadRequest || p.api.HasValidate() || !itemLevel(r2.Body) {
 			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackRejected)).Inc()
-			p.log.Info().Str("event", "fallback").Str("result", "rejected").Int("status", r2.StatusCode).Str("error", errorMessage(b2)).
+			p.log.Info().Str("event", "fallback").Str("result", "rejected").Int("status", r2.Status).Str("error", errorMessage(r2.Body)).
 				Msg("APISIX rejected the corrected PUT too; its first answer goes to the client")
 			return nil, nil
 		}
-		respBody = b2 // 3.13/3.14: the next round names the next item
+		respBody = r2.Body // 3.13/3.14: the next round names the next item
 	}
 }
 
@@ -197,7 +191,7 @@ func (pr *putRequest) fallBack(out outgoingPut, res *rewrite.Result, respBody []
 // complete answer confshim has.
 func (pr *putRequest) unavailable(why string, err error) {
 	pr.p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackUnavailable)).Inc()
-	pr.p.log.Info().Str("event", "fallback").Str("result", "unavailable").Str("error", safeError(err)).
+	pr.p.log.Info().Str("event", "fallback").Str("result", "unavailable").Str("error", apisix.SafeError(err)).
 		Msg(why + "; the last complete answer goes to the client")
 }
 
@@ -245,87 +239,29 @@ func (pr *putRequest) validateItems(ctx context.Context, prepared *rewrite.Prepa
 		if err != nil || len(items) == 0 {
 			continue
 		}
-		for start := 0; start < len(items); {
-			end, size := start, 0
-			for end < len(items) && (end == start || size+len(items[end].Raw)+1 <= maxValidateBody-len(section)-8) {
-				size += len(items[end].Raw) + 1
-				end++
-			}
-			if size > maxValidateBody-len(section)-8 { // one item over the cap: rejected as it is
-				found = append(found, rejected{section: section, index: start, err: "the item alone is over APISIX's 1.5 MiB validate cap"})
-				start = end
-				continue
-			}
-			errs, ok := pr.validateChunk(ctx, section, items[start:end])
-			if !ok {
-				return nil, false
-			}
-			for _, e := range errs {
-				e.index += start
-				found = append(found, e)
-			}
-			start = end
+		errs, ok := pr.p.api.ValidateSection(ctx, pr.creds, section, rawItems(items))
+		if !ok {
+			return nil, false
+		}
+		for _, e := range errs {
+			found = append(found, rejected{section: e.Section, index: e.Index, err: e.Error})
 		}
 	}
 	return found, true
 }
 
-// validateChunk is one POST /configs/validate of some items of one section.
-func (pr *putRequest) validateChunk(ctx context.Context, section string, items []rewrite.Item) ([]rejected, bool) {
-	p := pr.p
-	var b bytes.Buffer
-	name, _ := json.Marshal(section)
-	b.WriteByte('{')
-	b.Write(name)
-	b.WriteString(":[")
+// passes validates one item alone: true when APISIX answered and accepts it now.
+func (pr *putRequest) passes(ctx context.Context, section string, raw []byte) bool {
+	errs, ok := pr.p.api.ValidateSection(ctx, pr.creds, section, [][]byte{raw})
+	return ok && len(errs) == 0
+}
+
+func rawItems(items []rewrite.Item) [][]byte {
+	out := make([][]byte, len(items))
 	for i, it := range items {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.Write(it.Raw)
+		out[i] = it.Raw
 	}
-	b.WriteString("]}")
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.UpstreamTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.upstreamURL(ConfigsPath+"/validate", pr.creds.rawQuery), &b)
-	if err != nil {
-		return nil, false
-	}
-	req.Header.Set("Content-Type", "application/json")
-	pr.creds.apply(req)
-	resp, err := p.tr.shared.RoundTrip(req)
-	if err != nil {
-		return nil, false
-	}
-	defer resp.Body.Close()
-	p.noteAnswer(resp)
-	answer, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	switch {
-	case err != nil:
-		return nil, false
-	case resp.StatusCode == http.StatusOK:
-		return nil, true
-	case resp.StatusCode != http.StatusBadRequest:
-		return nil, false
-	}
-	var v struct {
-		Errors []struct {
-			ResourceType string `json:"resource_type"`
-			Index        *int   `json:"index"`
-			Error        string `json:"error"`
-		} `json:"errors"`
-	}
-	if json.Unmarshal(answer, &v) != nil || len(v.Errors) == 0 {
-		return nil, false
-	}
-	var out []rejected
-	for _, e := range v.Errors {
-		if e.ResourceType != section || e.Index == nil || *e.Index < 0 || *e.Index >= len(items) {
-			return nil, false // not about an item: nothing to hold back
-		}
-		out = append(out, rejected{section: section, index: *e.Index, err: e.Error})
-	}
-	return out, true
+	return out
 }
 
 // hold adds the rejected items to the splice: each replaced by the copy of the same id
@@ -352,7 +288,7 @@ func (pr *putRequest) hold(prepared *rewrite.Prepared, accepted *acceptedCopies,
 		}
 		it := items[index]
 		h := heldItem{Section: section, ID: it.ID, Error: clipString(why, maxDebugMessage), Since: now,
-			sum: pr.p.rw.ItemFingerprint(it.Raw), raw: it.Raw, server: pr.p.serverString()}
+			sum: pr.p.rw.ItemFingerprint(it.Raw), raw: it.Raw, server: pr.p.api.Server()}
 		if prev, ok := pr.p.held[heldKey(section, it.ID)]; ok && prev.sum == h.sum {
 			h.Since = prev.Since
 		}
@@ -508,7 +444,7 @@ type correctedSection struct {
 
 // rememberCorrection keeps the correction of an accepted pre-held sync.
 func (p *Proxy) rememberCorrection(client, corrected *rewrite.Prepared, held []heldItem) {
-	c := &heldCorrection{server: p.serverString(), sections: map[string]correctedSection{}}
+	c := &heldCorrection{server: p.api.Server(), sections: map[string]correctedSection{}}
 	for _, section := range backfilledSections(held) {
 		sum, ok := client.SectionSum(section)
 		items, _ := corrected.JSONItems(section)
@@ -519,14 +455,6 @@ func (p *Proxy) rememberCorrection(client, corrected *rewrite.Prepared, held []h
 		c.sections[section] = correctedSection{clientSum: sum, items: bytes.Clone(items)}
 	}
 	p.heldCorrection = c
-}
-
-// serverString is the Server header as last seen ("" unknown).
-func (p *Proxy) serverString() string {
-	if s := p.serverVersion.Load(); s != nil {
-		return *s
-	}
-	return ""
 }
 
 // preHold is the steady state of §8.5: before the PUT, an item held back in the last
@@ -548,7 +476,7 @@ func (pr *putRequest) preHold(ctx context.Context) ([]byte, []heldItem) {
 	}
 	// The same client bytes of every held section as in the last sync, on the same
 	// APISIX, nothing to validate again: the last correction serves as it is.
-	if cached := p.heldCorrection; cached != nil && !stateDependent && cached.server == p.serverString() {
+	if cached := p.heldCorrection; cached != nil && !stateDependent && cached.server == p.api.Server() {
 		replace := map[string][]byte{}
 		for section := range sections {
 			sum, ok := pr.prepared.SectionSum(section)
@@ -577,13 +505,11 @@ func (pr *putRequest) preHold(ctx context.Context) ([]byte, []heldItem) {
 		}
 		for i, it := range items {
 			h, ok := p.held[heldKey(section, it.ID)]
-			if !ok || it.ID == "" || h.sum != p.rw.ItemFingerprint(it.Raw) || h.server != p.serverString() {
+			if !ok || it.ID == "" || h.sum != p.rw.ItemFingerprint(it.Raw) || h.server != p.api.Server() {
 				continue // changed, or another APISIX: it goes and APISIX judges it
 			}
-			if h.stateDependent() {
-				if errs, ok := pr.validateChunk(ctx, section, []rewrite.Item{it}); ok && len(errs) == 0 {
-					continue // the conflict is gone: it lands now
-				}
+			if h.stateDependent() && pr.passes(ctx, section, it.Raw) {
+				continue // the conflict is gone: it lands now
 			}
 			found = append(found, rejected{section: section, index: i, err: h.Error})
 		}
@@ -626,7 +552,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 	for passed == nil && time.Now().Before(deadline) {
 		ok := map[string]bool{}
 		for _, h := range waiting {
-			if errs, answered := pr.validateChunk(ctx, h.Section, []rewrite.Item{{Raw: h.raw, ID: h.ID}}); answered && len(errs) == 0 {
+			if pr.passes(ctx, h.Section, h.raw) {
 				ok[heldKey(h.Section, h.ID)] = true
 			}
 		}
@@ -685,7 +611,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 		return nil
 	}
 	next := outgoingPut{body: body, digest: fb.out.digest + "+2", setDigest: fb.out.setDigest}
-	r2, b2, done, err := p.forwardPut(noRedial(ctx), p.tr.decide, pr.r, next)
+	r2, done, err := p.forwardPut(apisix.NoRedial(ctx), apisix.Decide, pr.r, next)
 	pr.sent = append(pr.sent, done)
 	if err != nil {
 		// the second PUT got no answer: the client gets the first corrected PUT's, and
@@ -695,7 +621,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 		pr.unavailable("the second PUT got no answer", err)
 		return nil
 	}
-	if r2.StatusCode/100 != 2 {
+	if r2.Status/100 != 2 {
 		return nil
 	}
 	prepared, err := p.rw.Prepare(body)
@@ -704,7 +630,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 	}
 	p.log.Info().Str("event", "fallback").Str("result", "second_put").Int("landed", len(passed)).
 		Msg("items rejected for what the data plane held passed once the rest was applied; sent in a second PUT")
-	return &fallbackResult{resp: r2, respBody: b2, out: next, prepared: prepared, held: held, versions: versions}
+	return &fallbackResult{ans: r2, out: next, prepared: prepared, held: held, versions: versions}
 }
 
 // secondStepWindow and secondStepPause: how long and how often held items are

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/rewrite"
 )
 
@@ -50,7 +51,7 @@ type keeper struct {
 	enabled  bool
 	adminKey string
 	kept     *keptConfig
-	creds    credentials // the last accepted caller's; memory only
+	creds    apisix.Credentials // the last accepted caller's; memory only
 
 	// refreshDue asks the watch to read the data plane back (the kept configuration
 	// could not be derived from the last write).
@@ -87,11 +88,11 @@ func newKeeper(cfg Config, log zerolog.Logger, debug *debugLog) *keeper {
 }
 
 // credentials are --admin-key, else the last accepted caller's.
-func (k *keeper) credentials() (credentials, bool) {
+func (k *keeper) credentials() (apisix.Credentials, bool) {
 	if k.adminKey != "" {
-		return keyCredentials(k.adminKey), true
+		return apisix.KeyCredentials(k.adminKey), true
 	}
-	return k.creds, k.creds.header != nil
+	return k.creds, !k.creds.IsZero()
 }
 
 // set replaces the kept configuration and hands it to the state-file writer.
@@ -121,14 +122,14 @@ func (k *keeper) forget() {
 
 // afterPut updates the kept configuration after APISIX accepted a forwarded PUT. dp is
 // the state the PUT was decided on. It runs under the PUT lock.
-func (k *keeper) afterPut(resp *http.Response, res *rewrite.Result, prepared *rewrite.Prepared, creds credentials, dp *dataPlane) {
-	if !k.enabled || resp.StatusCode/100 != 2 {
+func (k *keeper) afterPut(ans *apisix.Answer, res *rewrite.Result, prepared *rewrite.Prepared, creds apisix.Credentials, dp *dataPlane) {
+	if !k.enabled || ans.Status/100 != 2 {
 		return
 	}
 	k.creds = creds
 	st := dp.state
 	switch {
-	case resp.StatusCode == http.StatusNoContent:
+	case ans.Status == http.StatusNoContent:
 		// nothing changed on the data plane: the kept configuration is right if it
 		// describes the state the PUT was decided on, else a full read of it is
 		if c := k.kept; c != nil && c.Digest == dp.digest && c.LastModified == dp.lastModified {
@@ -151,7 +152,7 @@ func (k *keeper) afterPut(resp *http.Response, res *rewrite.Result, prepared *re
 	// PUT was decided on (after a restart, another writer may hold other content at
 	// the same version).
 	prevIsCurrent := prev != nil && dp.lastModified != "" && prev.Digest == dp.digest && prev.LastModified == dp.lastModified
-	next := &keptConfig{Digest: resp.Header.Get("X-Digest"), LastModified: resp.Header.Get("X-Last-Modified"),
+	next := &keptConfig{Digest: ans.Header.Get("X-Digest"), LastModified: ans.Header.Get("X-Last-Modified"),
 		Versions: map[string]float64{}, Items: map[string]json.RawMessage{}, Owned: res.Ownership(dp.owned)}
 	for _, o := range res.Outcomes() {
 		next.Versions[o.Section] = o.Version

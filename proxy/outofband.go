@@ -53,7 +53,7 @@ func (p *Proxy) forgetBelief() { p.dp.believed = nil }
 // PUT lock. A data plane that holds nothing (restarted) is no writer's doing.
 func (p *Proxy) learnFrom(st *rewrite.State, lastModified, how string) {
 	believed := p.dp.believed
-	if st == nil || (lastModified == "" && !p.noHead.Load()) {
+	if st == nil || (lastModified == "" && !p.api.NoHead()) {
 		p.dp.believed = nil
 		return
 	}

@@ -5,29 +5,24 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
-	"os"
 	"path"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/rs/zerolog"
 
+	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -77,7 +72,7 @@ type Config struct {
 type Proxy struct {
 	cfg      Config
 	upstream *url.URL
-	tr       transports
+	api      *apisix.Client
 	rp       *httputil.ReverseProxy
 	rw       *rewrite.Rewriter
 	log      zerolog.Logger
@@ -93,10 +88,6 @@ type Proxy struct {
 	lastAnswer     atomic.Int64                   // unix nanos of the upstream's last HTTP answer
 	bufs           buffers                        // request and rewrite buffers
 	budget         *bodyBudget                    // request bodies buffered at once
-	noHead         atomic.Bool                    // HEAD /apisix/admin/configs answered 404: APISIX 3.13
-	noValidate     atomic.Bool                    // POST /configs/validate answered 404 although Server said 3.15+
-	serverMinor    atomic.Int32                   // APISIX 3.<minor> from the Server header; 0 unknown
-	serverVersion  atomic.Pointer[string]         // the Server header as last seen
 	layout         atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
 	heldLayout     atomic.Pointer[rewrite.Layout] // the last body corrected before the PUT (§8.5)
 	bg             sync.WaitGroup                 // the watch
@@ -147,11 +138,13 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Metrics == nil {
 		errs = append(errs, errors.New("proxy: Metrics is required"))
 	}
+	tlsCfg := apisix.TLSConfig{CAFile: cfg.UpstreamCAFile, InsecureSkipVerify: cfg.UpstreamInsecureSkipVerify,
+		ClientCertFile: cfg.UpstreamClientCertFile, ClientKeyFile: cfg.UpstreamClientKeyFile}
 	transport := cfg.Transport
 	if transport == nil {
-		t, terr := newTransport(cfg)
-		if terr != nil {
-			errs = append(errs, terr)
+		t, err := apisix.NewTransport(tlsCfg, cfg.UpstreamTimeout)
+		if err != nil {
+			errs = append(errs, err)
 		}
 		transport = t
 	}
@@ -162,7 +155,6 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{
 		cfg:      cfg,
 		upstream: u,
-		tr:       newTransports(transport),
 		rw:       rewrite.NewMerging(cfg.Preserve, cfg.Merge),
 		log:      cfg.Logger,
 		m:        cfg.Metrics,
@@ -171,6 +163,12 @@ func New(cfg Config) (*Proxy, error) {
 		budget:   newBodyBudget(cfg.BodyBudgetBytes),
 	}
 	p.debug = &debugLog{}
+	api, err := apisix.New(apisix.Config{Upstream: u, Timeout: cfg.UpstreamTimeout, Transport: transport, Logger: cfg.Logger,
+		OnAnswer: p.noteAnswer, TLS: tlsCfg})
+	if err != nil {
+		return nil, err
+	}
+	p.api = api
 	p.keep = newKeeper(cfg, cfg.Logger, p.debug)
 	if p.keep.kept != nil {
 		p.dp.owned = p.keep.kept.Owned       // the memory of ownership survives the restart,
@@ -178,48 +176,17 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
-		Transport:     p.tr.shared,
+		Transport:     p.api.Shared(),
 		FlushInterval: -1,
 		ErrorHandler:  p.passthroughError,
 		ModifyResponse: func(resp *http.Response) error {
-			p.noteAnswer(resp)
+			p.api.NoteAnswer(resp)
 			return nil
 		},
 		ErrorLog: StdLogger(cfg.Logger),
 	}
 	p.handler = p.routes()
 	return p, nil
-}
-
-// newTransport clones http.DefaultTransport with the upstream TLS settings.
-func newTransport(cfg Config) (*http.Transport, error) {
-	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.MaxIdleConnsPerHost = 32
-	t.IdleConnTimeout = 50 * time.Second // APISIX closes idle admin connections after 60 s
-	t.WriteBufferSize = 256 << 10        // configs are megabytes: fewer, larger writes
-	t.ReadBufferSize = 64 << 10
-	t.ResponseHeaderTimeout = cfg.UpstreamTimeout
-	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.UpstreamInsecureSkipVerify} //nolint:gosec // an explicit, loudly logged operator choice
-	if cfg.UpstreamCAFile != "" {
-		pem, err := os.ReadFile(cfg.UpstreamCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("--upstream-ca-file: %v", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--upstream-ca-file: no PEM certificate in %s", cfg.UpstreamCAFile)
-		}
-		tlsCfg.RootCAs = pool
-	}
-	if cfg.UpstreamClientCertFile != "" || cfg.UpstreamClientKeyFile != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.UpstreamClientCertFile, cfg.UpstreamClientKeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("--upstream-client-cert-file/--upstream-client-key-file: %v", err)
-		}
-		tlsCfg.Certificates = []tls.Certificate{cert}
-	}
-	t.TLSClientConfig = tlsCfg
-	return t, nil
 }
 
 // ServeHTTP makes the proxy an http.Handler.
@@ -368,104 +335,29 @@ func (p *Proxy) Ready(ctx context.Context) bool {
 	if time.Since(time.Unix(0, p.lastAnswer.Load())) < p.cfg.ReadyWindow {
 		return true
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodHead, p.upstreamURL("/apisix/admin", ""), nil)
-	if err != nil {
-		return false
-	}
-	if p.cfg.AdminKey != "" {
-		req.Header.Set("X-API-KEY", p.cfg.AdminKey) // APISIX needs none here; a stricter front may
-	}
-	resp, err := p.tr.shared.RoundTrip(req)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	p.noteAnswer(resp)
-	return true
-}
-
-func (p *Proxy) upstreamURL(reqPath, rawQuery string) string {
-	u := *p.upstream
-	u.Path = p.upstream.Path + reqPath
-	u.RawPath = ""
-	u.RawQuery = rawQuery
-	return u.String()
+	return p.api.Alive(ctx, p.cfg.AdminKey, 2*time.Second)
 }
 
 // upstreamFailed answers a request that got no HTTP answer from APISIX: 504 on a
 // timeout, 502 otherwise; a client that went away gets nothing and is counted apart.
 func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error, what string) {
-	kind, status := classify(r.Context(), err)
-	if kind == clientGone {
+	kind, status := apisix.Classify(r.Context(), err)
+	if kind == apisix.ClientGone {
 		p.m.ClientDisconnects.Inc()
 		p.log.Debug().Str("path", r.URL.Path).Msg("client went away")
 		w.WriteHeader(statusClientGone) // never reaches the client; keeps the access log honest
 		return
 	}
 	p.m.UpstreamError(kind)
-	p.log.Warn().Str("kind", string(kind)).Str("op", what).Str("error", safeError(err)).Msg("upstream request failed")
+	p.log.Warn().Str("kind", string(kind)).Str("op", what).Str("error", apisix.SafeError(err)).Msg("upstream request failed")
 	msg := "upstream " + string(kind) + ": " + what
 	switch {
-	case errors.Is(err, errConnectionHeld):
+	case errors.Is(err, apisix.ErrConnectionHeld):
 		msg = err.Error() + ": " + what
 	case kind == metrics.Timeout:
 		msg = fmt.Sprintf("upstream did not answer within --upstream-timeout (%s): %s", p.cfg.UpstreamTimeout, what)
 	}
 	p.writeError(w, status, msg)
-}
-
-// clientGone is classify's kind for a client that went away: never an upstream error.
-const clientGone metrics.UpstreamErrorKind = "client_gone"
-
-// classify maps a transport error to a metrics kind and a status.
-func classify(ctx context.Context, err error) (metrics.UpstreamErrorKind, int) {
-	if ctx.Err() == context.Canceled || errors.Is(err, context.Canceled) {
-		return clientGone, 0
-	}
-	if errors.Is(err, errConnectionHeld) {
-		return metrics.OtherError, http.StatusBadGateway
-	}
-	var netErr net.Error
-	var tlsRecord tls.RecordHeaderError
-	var unknownAuthority x509.UnknownAuthorityError
-	var hostname x509.HostnameError
-	var invalid x509.CertificateInvalidError
-	var verify *tls.CertificateVerificationError
-	var opErr *net.OpError
-	switch {
-	case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()):
-		return metrics.Timeout, http.StatusGatewayTimeout
-	case errors.As(err, &tlsRecord), errors.As(err, &unknownAuthority), errors.As(err, &hostname),
-		errors.As(err, &invalid), errors.As(err, &verify):
-		return metrics.TLS, http.StatusBadGateway
-	case errors.As(err, &opErr) && opErr.Op == "dial":
-		return metrics.Unreachable, http.StatusBadGateway
-	case isReset(err):
-		return metrics.Reset, http.StatusBadGateway
-	}
-	var dnsErr *net.DNSError
-	if errors.As(err, &dnsErr) {
-		return metrics.Unreachable, http.StatusBadGateway
-	}
-	return metrics.OtherError, http.StatusBadGateway
-}
-
-// isReset: the connection broke after it was made (APISIX restarted, a worker died).
-func isReset(err error) bool {
-	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
-}
-
-// safeError keeps transport errors out of the log when they could quote a URL with
-// an api_key query argument.
-func safeError(err error) string {
-	var uerr *url.Error
-	if errors.As(err, &uerr) {
-		return uerr.Op + ": " + uerr.Err.Error()
-	}
-	return err.Error()
 }
 
 // writeError answers like APISIX does, so ADC shows the message: {"error_msg":"confshim: …"}.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -18,7 +19,7 @@ import (
 // changed without confshim is read back. looked says whether the data plane answered,
 // cost how long the HEAD took; ok is false when re-seeding cannot work here (3.13).
 func (p *Proxy) checkDataPlane(ctx context.Context) (looked bool, cost time.Duration, ok bool) {
-	if p.noHead.Load() {
+	if p.api.NoHead() {
 		p.log.Info().Str("event", "reseed_off").Msg("the data plane has no HEAD /apisix/admin/configs (APISIX 3.13): re-seeding is off")
 		return false, 0, false
 	}
@@ -27,20 +28,19 @@ func (p *Proxy) checkDataPlane(ctx context.Context) (looked bool, cost time.Dura
 		return false, 0, true // nobody's key yet: nothing kept either
 	}
 	start := time.Now()
-	head, status, err := p.head(ctx, p.tr.shared, creds)
+	head, status, err := p.api.Head(ctx, apisix.Shared, creds)
 	cost = time.Since(start)
 	switch {
 	case status == http.StatusNotFound:
-		p.noHead.Store(true) // said once, at the next tick
-		return false, 0, true
+		return false, 0, true // APISIX 3.13: said at the next tick
 	case err != nil || head == nil:
 		return false, 0, true // down, restarting or refusing the key: the next tick looks again
-	case head.lastModified == "":
+	case head.LastModified == "":
 		p.lockPut()
 		defer p.unlockPut()
 		p.reseedLocked(ctx, time.Now(), nil)
 	default:
-		p.refreshKept(ctx, head.digest, head.lastModified)
+		p.refreshKept(ctx, head.Digest, head.LastModified)
 	}
 	return true, cost, true
 }
@@ -49,15 +49,15 @@ func (p *Proxy) lockPut()   { p.putLock <- struct{}{} }
 func (p *Proxy) unlockPut() { <-p.putLock }
 
 // watchCredentials are the keeper's, read without waiting for a PUT in flight.
-func (p *Proxy) watchCredentials() (credentials, bool) {
+func (p *Proxy) watchCredentials() (apisix.Credentials, bool) {
 	if p.cfg.AdminKey != "" {
-		return keyCredentials(p.cfg.AdminKey), true
+		return apisix.KeyCredentials(p.cfg.AdminKey), true
 	}
 	select {
 	case p.putLock <- struct{}{}:
 		defer p.unlockPut()
 	default:
-		return credentials{}, false // a PUT is in flight: look next time
+		return apisix.Credentials{}, false // a PUT is in flight: look next time
 	}
 	return p.keep.credentials()
 }
@@ -90,7 +90,7 @@ func (p *Proxy) refreshKept(ctx context.Context, digest, lastModified string) {
 // holds anything is never overwritten. creds are the caller's for a re-seed before a
 // client's sync, nil for the watch's own. It reports whether the data plane now holds
 // the kept configuration.
-func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *credentials) bool {
+func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *apisix.Credentials) bool {
 	k := p.keep.kept
 	if k == nil {
 		return false
@@ -99,7 +99,7 @@ func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *
 	if caller != nil {
 		creds = *caller
 	}
-	if head, _, err := p.head(ctx, p.tr.decide, creds); err != nil || head == nil || head.lastModified != "" {
+	if head, _, err := p.api.Head(ctx, apisix.Decide, creds); err != nil || head == nil || head.LastModified != "" {
 		p.m.Reseed(metrics.ReseedSkipped)
 		return false // someone wrote meanwhile (or it went away again)
 	}
@@ -112,36 +112,25 @@ func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *
 	if digest == "" {
 		digest = "confshim-reseed"
 	}
-	ctx2, cancel := context.WithTimeout(noRedial(ctx), p.cfg.UpstreamTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx2, http.MethodPut, p.upstreamURL(ConfigsPath, creds.rawQuery), bytes.NewReader(body))
-	if err != nil {
-		return false
-	}
-	creds.apply(req)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Digest", digest)
-	resp, err := p.tr.decide.RoundTrip(req)
+	ans, err := p.api.PutConfig(ctx, creds, body, digest) // on the decide connection, as it is
 	p.setState(nil, "", "")
 	if err != nil {
 		p.m.Reseed(metrics.ReseedFailed)
 		p.noteReseed(string(metrics.ReseedFailed), 0, time.Since(foundEmpty))
-		p.log.Warn().Str("event", "reseed").Str("result", "failed").Str("error", safeError(err)).Msg("re-seeding the data plane failed; retrying at the next check")
+		p.log.Warn().Str("event", "reseed").Str("result", "failed").Str("error", apisix.SafeError(err)).Msg("re-seeding the data plane failed; retrying at the next check")
 		p.keep.refreshDue.Store(true) // look again at the next tick
 		return false
 	}
-	p.noteAnswer(resp)
-	msg, _ := p.readAnswer(resp) // to its end: the client's PUT may follow on this connection
 	took := time.Since(foundEmpty)
-	if resp.StatusCode != http.StatusAccepted {
+	if ans.Status != http.StatusAccepted {
 		p.m.Reseed(metrics.ReseedFailed)
-		p.noteReseed(string(metrics.ReseedFailed), resp.StatusCode, took)
-		p.log.Warn().Str("event", "reseed").Str("result", "failed").Int("status", resp.StatusCode).Str("answer", clipAnswer(msg)).Msg("the data plane refused the kept configuration")
+		p.noteReseed(string(metrics.ReseedFailed), ans.Status, took)
+		p.log.Warn().Str("event", "reseed").Str("result", "failed").Int("status", ans.Status).Str("answer", clipAnswer(ans.Body)).Msg("the data plane refused the kept configuration")
 		return false
 	}
 	p.m.Reseed(metrics.ReseedRestored)
 	p.m.ReseedDuration.Observe(took.Seconds())
-	p.noteReseed(string(metrics.ReseedRestored), resp.StatusCode, took)
+	p.noteReseed(string(metrics.ReseedRestored), ans.Status, took)
 	versions := zerolog.Dict()
 	for i, s := range sortedKeys(k.Versions) {
 		if i == maxLoggedSections {
@@ -151,11 +140,11 @@ func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *
 	}
 	p.log.Info().Str("event", "reseed").Str("result", "restored").Dict("versions", versions).
 		Dur("after", took).Msg("the data plane had lost its configuration; restored the kept one")
-	lm := resp.Header.Get("X-Last-Modified")
-	p.keep.set(&keptConfig{Digest: resp.Header.Get("X-Digest"), LastModified: lm, Versions: k.Versions, Items: k.Items, Owned: k.Owned})
+	lm := ans.Header.Get("X-Last-Modified")
+	p.keep.set(&keptConfig{Digest: ans.Header.Get("X-Digest"), LastModified: lm, Versions: k.Versions, Items: k.Items, Owned: k.Owned})
 	p.believe(k.Versions)
 	// the record still holds: the data plane has the same versions and content again
-	if d := resp.Header.Get("X-Digest"); d != "" && lm != "" {
+	if d := ans.Header.Get("X-Digest"); d != "" && lm != "" {
 		p.setState(&rewrite.State{Versions: k.Versions}, d, lm)
 		p.confirm() // the re-seed's 202 on the decide connection
 	}

@@ -2,15 +2,9 @@ package proxy
 
 import (
 	"context"
-	"errors"
-	"io"
-	"net"
-	"net/http"
-	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/confshim/confshim/internal/apisix"
 )
 
 // What confshim believes about the data plane must be true and cheap to keep (issue
@@ -43,157 +37,11 @@ import (
 // at least one configs HEAD a minute, however large the configuration.
 const safetyCheckInterval = time.Minute
 
-// errRedial: the connection the data plane's state was read on is gone, so the PUT
-// decided on that state is not sent (nothing was written).
-var errRedial = errors.New("the connection the data plane's state was read on closed; deciding again")
-
-type noRedialKey struct{}
-
-// noRedial marks a request that must go on the connection the state was read on.
-func noRedial(ctx context.Context) context.Context {
-	return context.WithValue(ctx, noRedialKey{}, true)
-}
-
-// transports are the two ways confshim talks to APISIX.
-type transports struct {
-	shared http.RoundTripper // passthrough, probes, validate, the watch's configs HEAD
-	// decide is one kept-alive connection used under the PUT lock only: the state read,
-	// the PUT and the watch's ping travel on it. A restarted data plane closed it, so a
-	// PUT that may not dial (noRedial) never reaches a data plane its decision did not
-	// see.
-	decide http.RoundTripper
-	// dials counts the connections decide opened (nil when shared is not an
-	// *http.Transport, in tests): confshim trusts what it believes of the data plane
-	// only while it is the connection that confirmed it.
-	dials *atomic.Uint64
-}
-
-// newTransports derives the decide transport from the shared one. A shared transport
-// that is not an *http.Transport (tests) serves both, and nothing is trusted unread.
-func newTransports(shared http.RoundTripper) transports {
-	t := transports{shared: shared, decide: shared}
-	base, ok := shared.(*http.Transport)
-	if !ok {
-		return t
-	}
-	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
-	decide := base.Clone()
-	decide.MaxConnsPerHost, decide.MaxIdleConnsPerHost = 1, 1
-	dials := &atomic.Uint64{}
-	decide.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if ctx.Value(noRedialKey{}) != nil {
-			return nil, errRedial
-		}
-		dials.Add(1)
-		return dialer.DialContext(ctx, network, addr)
-	}
-	t.decide, t.dials = &exclusive{rt: decide}, dials
-	return t
-}
-
-// dialCount is how many connections decide opened; ok is false where they are not counted.
-func (t transports) dialCount() (n uint64, ok bool) {
-	if t.dials == nil {
-		return 0, false
-	}
-	return t.dials.Load(), true
-}
-
-// errConnectionHeld: a request on the decide connection while an answer on it is still
-// open. Its one connection may not be redialled, so the request would wait for it for
-// ever; it fails at once instead. Every answer is read whole first (readAnswer), so
-// this is a bug caught, never an expected path.
-var errConnectionHeld = errors.New("the connection to the data plane is still held by an answer confshim has not read; nothing was sent")
-
-// exclusive guards the decide transport: a request goes only while no answer it gave
-// is still open (its body neither read to the end nor closed).
-type exclusive struct {
-	rt   http.RoundTripper
-	open atomic.Int32
-}
-
-func (x *exclusive) RoundTrip(req *http.Request) (*http.Response, error) {
-	if x.open.Load() > 0 {
-		if req.Body != nil {
-			req.Body.Close() // a RoundTripper must close the body, also on error
-		}
-		return nil, errConnectionHeld
-	}
-	resp, err := x.rt.RoundTrip(req)
-	if err != nil {
-		return nil, err
-	}
-	x.open.Add(1)
-	resp.Body = &openAnswer{ReadCloser: resp.Body, done: func() { x.open.Add(-1) }}
-	return resp, nil
-}
-
-// openAnswer calls done once, when its body was read to the end or closed.
-type openAnswer struct {
-	io.ReadCloser
-	done func()
-	once sync.Once
-}
-
-func (a *openAnswer) Read(b []byte) (int, error) {
-	n, err := a.ReadCloser.Read(b)
-	if err == io.EOF {
-		a.once.Do(a.done)
-	}
-	return n, err
-}
-
-func (a *openAnswer) Close() error {
-	err := a.ReadCloser.Close()
-	a.once.Do(a.done)
-	return err
-}
-
-// noteServer learns APISIX's version from its Server header (APISIX/3.17.0): the probe
-// uses the cheapest authenticated call that version offers.
-func (p *Proxy) noteServer(h http.Header) {
-	server := h.Get("Server")
-	rest, ok := strings.CutPrefix(server, "APISIX/")
-	if !ok {
-		return
-	}
-	major, rest, _ := strings.Cut(rest, ".")
-	minorText, _, _ := strings.Cut(rest, ".")
-	minor, err := strconv.Atoi(minorText)
-	if major != "3" || err != nil || minor < 0 || minor > 1000 {
-		return
-	}
-	p.serverMinor.Store(int32(minor))
-	if len(server) <= 64 {
-		p.serverVersion.Store(&server)
-	}
-}
-
-// hasValidate: the data plane is known to offer POST /apisix/admin/configs/validate.
-func (p *Proxy) hasValidate() bool {
-	return p.serverMinor.Load() >= 15 && !p.noValidate.Load()
-}
-
 // ping is HEAD /apisix/admin on the decide connection (the caller holds the PUT lock):
 // no key, no decode of the configuration on APISIX. It keeps that connection open
 // between syncs and returns the Server header.
 func (p *Proxy) ping(ctx context.Context) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, min(p.cfg.UpstreamTimeout, 5*time.Second))
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodHead, p.upstreamURL("/apisix/admin", ""), nil)
-	if err != nil {
-		return "", err
-	}
-	if p.cfg.AdminKey != "" {
-		req.Header.Set("X-API-KEY", p.cfg.AdminKey) // APISIX needs none here; a stricter front may
-	}
-	resp, err := p.tr.decide.RoundTrip(req)
-	if err != nil {
-		return "", err
-	}
-	resp.Body.Close()
-	p.noteAnswer(resp)
-	return resp.Header.Get("Server"), nil
+	return p.api.Ping(ctx, p.cfg.AdminKey)
 }
 
 // watchDataPlane pings the data plane every --reseed-interval and looks at its
@@ -217,10 +65,10 @@ func (p *Proxy) watchDataPlane(ctx context.Context) {
 		default:
 			continue // a PUT is in flight on the decide connection: it tells what a ping would
 		}
-		dials, _ := p.tr.dialCount()
+		dials, _ := p.api.DialCount()
 		server, err := p.ping(ctx)
 		redialed := false
-		if n, ok := p.tr.dialCount(); ok && n != dials {
+		if n, ok := p.api.DialCount(); ok && n != dials {
 			redialed = true
 		}
 		if err != nil || redialed || server != lastServer {
@@ -229,7 +77,7 @@ func (p *Proxy) watchDataPlane(ctx context.Context) {
 		p.unlockPut()
 		if err != nil {
 			suspect = true // unreachable or reset: it may come back empty
-			p.log.Debug().Str("event", "watch").Str("error", safeError(err)).Msg("the data plane did not answer the ping")
+			p.log.Debug().Str("event", "watch").Str("error", apisix.SafeError(err)).Msg("the data plane did not answer the ping")
 			continue
 		}
 		if redialed || server != lastServer {

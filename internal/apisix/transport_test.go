@@ -1,4 +1,4 @@
-package proxy
+package apisix
 
 import (
 	"context"
@@ -23,7 +23,7 @@ func chunkedAnswers(t *testing.T) *httptest.Server {
 }
 
 // TestDecideConnectionRefusesWhileAnAnswerIsOpen: with a chunked answer still open, a
-// second request on the decide connection fails at once with errConnectionHeld instead
+// second request on the decide connection fails at once with ErrConnectionHeld instead
 // of waiting for ever; once the answer is read to its end the connection serves again,
 // and once one is closed unread (net/http then drops the connection) the next request
 // that may not dial fails at once too.
@@ -34,7 +34,7 @@ func TestDecideConnectionRefusesWhileAnAnswerIsOpen(t *testing.T) {
 	put := func() (*http.Response, error) {
 		ctx := context.Background() // the first request dials, the others may not
 		if calls++; calls > 1 {
-			ctx = noRedial(ctx)
+			ctx = NoRedial(ctx)
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPut, srv.URL, nil)
 		return tr.decide.RoundTrip(req)
@@ -47,8 +47,8 @@ func TestDecideConnectionRefusesWhileAnAnswerIsOpen(t *testing.T) {
 		t.Fatalf("the test server must answer chunked, got Content-Length %d", first.ContentLength)
 	}
 	start := time.Now()
-	if _, err := put(); !errors.Is(err, errConnectionHeld) {
-		t.Fatalf("second request with the first answer open: %v, want errConnectionHeld", err)
+	if _, err := put(); !errors.Is(err, ErrConnectionHeld) {
+		t.Fatalf("second request with the first answer open: %v, want ErrConnectionHeld", err)
 	}
 	if took := time.Since(start); took > time.Second {
 		t.Fatalf("refused after %s, want at once", took)
@@ -62,8 +62,8 @@ func TestDecideConnectionRefusesWhileAnAnswerIsOpen(t *testing.T) {
 	}
 	_ = second.Body.Close() // unread: net/http drops the connection
 	start = time.Now()
-	if _, err := put(); !errors.Is(err, errRedial) || time.Since(start) > time.Second {
-		t.Fatalf("after an answer was closed unread: %v after %s, want errRedial at once (the connection is gone)", err, time.Since(start))
+	if _, err := put(); !errors.Is(err, ErrRedial) || time.Since(start) > time.Second {
+		t.Fatalf("after an answer was closed unread: %v after %s, want ErrRedial at once (the connection is gone)", err, time.Since(start))
 	}
 }
 
@@ -71,45 +71,23 @@ func TestDecideConnectionRefusesWhileAnAnswerIsOpen(t *testing.T) {
 // connection free although it may not dial (noRedial): the sequence of a fallback.
 func TestReadAnswerFreesTheConnection(t *testing.T) {
 	srv := chunkedAnswers(t)
-	p := &Proxy{tr: newTransports(http.DefaultTransport.(*http.Transport).Clone())}
+	c := &Client{tr: newTransports(http.DefaultTransport.(*http.Transport).Clone())}
 	for i := 0; i < 3; i++ {
 		ctx := context.Background() // the first request dials
 		if i > 0 {
-			ctx = noRedial(ctx)
+			ctx = NoRedial(ctx)
 		}
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPut, srv.URL, nil)
-		resp, err := p.tr.decide.RoundTrip(req)
+		resp, err := c.tr.decide.RoundTrip(req)
 		if err != nil {
 			cancel()
 			t.Fatalf("request %d: %v", i, err)
 		}
-		body, err := p.readAnswer(resp)
+		a, err := c.readAnswer(resp)
 		cancel()
-		if err != nil || len(body) != 0 || resp.StatusCode != http.StatusAccepted {
-			t.Fatalf("request %d: %d %q %v", i, resp.StatusCode, body, err)
-		}
-	}
-}
-
-// TestLookIntervalFollowsTheCost: the watch's looks cost APISIX at most 0.5 % of a
-// worker, bounded by --reseed-interval below and the minute above (contract §8.4); the
-// costs are spec §11's decode times.
-func TestLookIntervalFollowsTheCost(t *testing.T) {
-	p := &Proxy{cfg: Config{ReseedInterval: time.Second, WatchSafetyInterval: time.Minute}}
-	for _, tc := range []struct {
-		name string
-		cost time.Duration
-		want time.Duration
-	}{
-		{"a few hundred routes", time.Millisecond, time.Second},
-		{"not measured yet", 0, time.Second},
-		{"10k routes (66 ms)", 66 * time.Millisecond, 13200 * time.Millisecond},
-		{"40k routes (276 ms)", 276 * time.Millisecond, 55200 * time.Millisecond},
-		{"40k routes (342 ms)", 342 * time.Millisecond, time.Minute},
-	} {
-		if got := p.lookInterval(tc.cost); got != tc.want {
-			t.Errorf("%s: look every %v, want %v", tc.name, got, tc.want)
+		if err != nil || len(a.Body) != 0 || a.Status != http.StatusAccepted {
+			t.Fatalf("request %d: %v %v", i, a, err)
 		}
 	}
 }

@@ -1,0 +1,28 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+)
+
+// TestLookIntervalFollowsTheCost: the watch's looks cost APISIX at most 0.5 % of a
+// worker, bounded by --reseed-interval below and the minute above (contract §8.4); the
+// costs are spec §11's decode times.
+func TestLookIntervalFollowsTheCost(t *testing.T) {
+	p := &Proxy{cfg: Config{ReseedInterval: time.Second, WatchSafetyInterval: time.Minute}}
+	for _, tc := range []struct {
+		name string
+		cost time.Duration
+		want time.Duration
+	}{
+		{"a few hundred routes", time.Millisecond, time.Second},
+		{"not measured yet", 0, time.Second},
+		{"10k routes (66 ms)", 66 * time.Millisecond, 13200 * time.Millisecond},
+		{"40k routes (276 ms)", 276 * time.Millisecond, 55200 * time.Millisecond},
+		{"40k routes (342 ms)", 342 * time.Millisecond, time.Minute},
+	} {
+		if got := p.lookInterval(tc.cost); got != tc.want {
+			t.Errorf("%s: look every %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
