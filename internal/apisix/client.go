@@ -54,9 +54,9 @@ type Client struct {
 	log      zerolog.Logger
 	onAnswer func(int)
 
-	noHead        atomic.Bool           // HEAD /apisix/admin/configs answered 404: APISIX 3.13
-	noValidate    atomic.Bool           // POST /configs/validate answered 404 although Server said 3.15+
-	serverMinor   atomic.Int32          // APISIX 3.<minor> from the Server header; 0 unknown
+	noHead        atomic.Bool            // HEAD /apisix/admin/configs answered 404: APISIX 3.13
+	noValidate    atomic.Bool            // POST /configs/validate answered 404 although Server said 3.15+
+	serverMinor   atomic.Int32           // APISIX 3.<minor> from the Server header; 0 unknown
 	serverVersion atomic.Pointer[string] // the Server header as last seen
 }
 
