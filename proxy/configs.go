@@ -12,24 +12,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/confshim/confshim/internal/apisix"
+	"github.com/confshim/confshim/internal/dataplane"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
 )
-
-// dataPlane is what confshim knows of APISIX between PUTs; guarded by putLock.
-type dataPlane struct {
-	state        *rewrite.State
-	digest       string // X-Digest and X-Last-Modified the state belongs to
-	lastModified string
-	record       *rewrite.Record
-	owned        rewrite.Ownership  // the client's ids in --merge sections (§8.6)
-	believed     map[string]float64 // the versions the data plane holds as confshim last knew them (out-of-band writes)
-	// trusted: state was confirmed (read, or written by an accepted PUT) on the decide
-	// connection that is still the one open (trustedDials), and nothing cast doubt since
-	trusted      bool
-	trustedDials uint64
-	unownedSaid  map[string]bool // sections whose missing ownership was logged
-}
 
 // BadStateError: APISIX answered the state read, but not with a usable document.
 type BadStateError struct{ Err error }
@@ -99,7 +85,7 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 // makes (state reads, the PUT, a conflict's retry, the fallback's validate calls and
 // corrected PUTs) shares --upstream-timeout, so nothing here can hang longer.
 func (pr *putRequest) underLock() *answer {
-	defer pr.p.unlockPut()
+	defer pr.p.dp.Unlock()
 	ctx, cancel := context.WithTimeout(pr.r.Context(), pr.p.cfg.UpstreamTimeout)
 	defer cancel()
 	pr.ctx = ctx
@@ -204,14 +190,12 @@ func (pr *putRequest) prepare() bool {
 
 // lock serialises PUTs; the body was read first so a slow client cannot hold the lock.
 func (pr *putRequest) lock() bool {
-	select {
-	case pr.p.putLock <- struct{}{}:
+	if pr.p.dp.Lock(pr.r.Context()) {
 		return true
-	case <-pr.r.Context().Done():
-		pr.p.m.ClientDisconnects.Inc()
-		pr.w.WriteHeader(statusClientGone)
-		return false
 	}
+	pr.p.m.ClientDisconnects.Inc()
+	pr.w.WriteHeader(statusClientGone)
+	return false
 }
 
 // forward decides and sends under the lock. It returns APISIX's answer for the client,
@@ -248,8 +232,7 @@ func (pr *putRequest) forward() *answer {
 			// likely): whatever happened to this PUT, a fresh read shows it, and the
 			// decision taken on that read is the right one either way.
 			redials++
-			p.setState(nil, "", "")
-			p.forgetBelief() // the PUT may have landed: what the read shows is not a stranger's
+			p.dp.Forget() // the PUT may have landed: what the read shows is not a stranger's
 			p.log.Info().Str("event", "redial").Str("error", apisix.SafeError(err)).Msg("the connection the data plane's state was read on closed; deciding again on a fresh read")
 			continue
 		}
@@ -258,7 +241,7 @@ func (pr *putRequest) forward() *answer {
 			return nil
 		}
 		if ans.Status == http.StatusBadRequest && bytes.Contains(ans.Body, []byte(conflictMessage)) {
-			p.setState(nil, "", "") // something wrote in between: never trust the cache again
+			p.dp.Doubt() // something wrote in between: never trust the cache again
 			if res != nil && !conflictRetried {
 				conflictRetried = true
 				pr.learnt = learntByConflict
@@ -273,8 +256,7 @@ func (pr *putRequest) forward() *answer {
 			if fb, lost = pr.fallBack(out, res, ans.Body); lost != nil {
 				// a corrected PUT got no answer: whether APISIX applied it is unknown,
 				// so confshim believes nothing and says so
-				p.setState(nil, "", "")
-				p.forgetBelief()
+				p.dp.Forget()
 				p.upstreamFailed(pr.w, pr.r, lost, "the corrected PUT of --fallback backfill (APISIX may have applied it)")
 				return nil
 			}
@@ -292,8 +274,7 @@ func (pr *putRequest) forward() *answer {
 			prepared = fb.prepared // what APISIX took is the corrected body
 		}
 		p.count(res, out, ans)
-		p.keep.afterPut(ans, res, prepared, pr.creds, &p.dp) // before remember: it reads the state the PUT was decided on
-		p.remember(ans, res, out)
+		p.answered(pr, ans, res, prepared, out)
 		held := pr.held(fb)
 		if ans.Status/100 == 2 {
 			pr.afterAccepted(fb)
@@ -331,12 +312,12 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if p.dp.emptyDataPlane(p.api.NoHead()) && p.keep.enabled && p.keep.kept != nil {
+	if p.dp.Empty(p.api.NoHead()) && p.dp.Keeps() && p.dp.Kept() != nil {
 		// §8.4: the client's sync beat the watch to a restarted data plane; the kept
 		// configuration (out-of-band sections too) goes back first, then this sync is
 		// decided against it
 		if p.reseedLocked(ctx, time.Now(), &pr.creds) {
-			st = p.dp.state
+			st = p.dp.State()
 		}
 	}
 	if !pr.preHoldDone {
@@ -353,7 +334,7 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 			}
 		}
 	}
-	pr.in.State, pr.in.Record, pr.in.Owned = st, p.dp.record, p.dp.owned
+	pr.in.State, pr.in.Record, pr.in.Owned = st, p.dp.Record(), p.dp.Owned()
 	buf := p.getBuf()
 	pr.in.Buf = *buf
 	start := time.Now()
@@ -508,21 +489,20 @@ func (p *Proxy) stateLimit() int64 { return 4 * p.cfg.MaxBodyBytes }
 // connection: the cached copy when a HEAD shows nobody wrote since it was read,
 // otherwise a GET.
 func (p *Proxy) stateFor(ctx context.Context, creds apisix.Credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
-	if !fresh && p.dp.state != nil && !p.api.NoHead() {
-		if p.trusts() {
-			return p.dp.state, false, nil // the PUT's version check proves it (watch.go)
+	if !fresh && p.dp.State() != nil && !p.api.NoHead() {
+		if p.dp.Trusts(p.api.DialCount()) {
+			return p.dp.State(), false, nil // the PUT's version check proves it (watch.go)
 		}
 		if ok, err := p.revalidate(ctx, creds); err != nil || ok {
-			return p.dp.state, ok, err
+			return p.dp.State(), ok, err
 		}
 	}
 	st, digest, lastModified, err := p.readState(ctx, creds)
 	if err != nil {
 		return nil, false, err
 	}
-	p.setState(st, digest, lastModified)
-	p.confirm()
-	p.learnFrom(st, lastModified, how)
+	dials, counted := p.api.DialCount()
+	p.noteMoves(p.dp.Read(st, digest, lastModified, p.api.NoHead(), dials, counted), how)
 	return st, true, nil
 }
 
@@ -534,38 +514,11 @@ func (p *Proxy) revalidate(ctx context.Context, creds apisix.Credentials) (bool,
 	if err != nil {
 		return false, err
 	}
-	if head != nil && head.Digest == p.dp.digest && head.LastModified == p.dp.lastModified {
-		p.confirm()
+	if head != nil && p.dp.Matches(head.Digest, head.LastModified) {
+		p.dp.Confirm(p.api.DialCount())
 		return true, nil
 	}
 	return false, nil
-}
-
-// trusts: the cached state was confirmed on the decide connection that is still open,
-// with no doubt since (see watch.go), so a sync may be decided on it unread.
-func (p *Proxy) trusts() bool {
-	n, counted := p.api.DialCount()
-	return counted && p.dp.trusted && n == p.dp.trustedDials && p.dp.lastModified != ""
-}
-
-// confirm: the cached state was just confirmed on the decide connection.
-func (p *Proxy) confirm() {
-	p.dp.trusted = true
-	p.dp.trustedDials, _ = p.api.DialCount()
-}
-
-func (p *Proxy) setState(st *rewrite.State, digest, lastModified string) {
-	p.dp.state, p.dp.digest, p.dp.lastModified = st, digest, lastModified
-	p.dp.trusted = false // until confirmed
-	if st != nil {
-		p.debug.setDataPlane(digest, lastModified)
-	}
-}
-
-// emptyDataPlane: the last look found nothing stored since the data plane started
-// (no X-Last-Modified; APISIX 3.13, which never sends one, excluded).
-func (d *dataPlane) emptyDataPlane(noHead bool) bool {
-	return !noHead && d.state != nil && d.lastModified == ""
 }
 
 // readState is GET /apisix/admin/configs with the caller's credentials, on the decide
@@ -603,8 +556,8 @@ func (p *Proxy) outgoing(in rewrite.Input, res *rewrite.Result) outgoingPut {
 	out.body = res.Body
 	if in.HasDigest {
 		out.digest, out.setDigest = res.Digest, true
-		if res.NoOp && p.dp.digest != "" {
-			out.digest, out.noop = p.dp.digest, true
+		if res.NoOp && p.dp.Digest() != "" {
+			out.digest, out.noop = p.dp.Digest(), true
 		}
 	}
 	return out
@@ -639,49 +592,17 @@ func (p *Proxy) count(res *rewrite.Result, out outgoingPut, ans *apisix.Answer) 
 	}
 }
 
-// remember updates confshim's record and cached state after APISIX answered. The
-// record says what the data plane is known to hold, never what a 204 merely allowed:
-// APISIX answers 204 to a digest it already holds whatever the body, so only a 204 to
-// the no-op PUT of §8.2 (sent with the data plane's own digest because the body changes
-// nothing) confirms the body's content.
-func (p *Proxy) remember(ans *apisix.Answer, res *rewrite.Result, out outgoingPut) {
-	switch {
-	case ans.Status < 200 || ans.Status > 299:
-		p.dp.trusted = false // nothing was stored, most likely; the next sync looks first
-		return
-	case res == nil:
-		p.dp.record = nil // an untouched body landed: know nothing
-		p.setState(nil, "", "")
-		p.forgetBelief()
-	case ans.Status == http.StatusNoContent:
-		if out.noop {
-			p.dp.record = res.Commit(true)
-			p.noteMerges(res)
-		}
-	default:
-		p.dp.record = res.Commit(false)
-		p.noteMerges(res)
-		p.believe(res.AppliedState().Versions)
-		p.setState(nil, "", "")
-		if d, lm := ans.Header.Get("X-Digest"), ans.Header.Get("X-Last-Modified"); d != "" && lm != "" {
-			p.setState(res.AppliedState(), d, lm)
-			p.confirm() // APISIX's 202 on the decide connection
-		}
+// answered records APISIX's answer in the belief (one transition, dataplane.Answered),
+// says once per merged section that confshim had no memory of ownership, and keeps
+// the credentials of a caller whose PUT APISIX accepted for re-seeding.
+func (p *Proxy) answered(pr *putRequest, ans *apisix.Answer, res *rewrite.Result, prepared *rewrite.Prepared, out outgoingPut) {
+	dials, counted := p.api.DialCount()
+	unowned := p.dp.Answered(dataplane.Outcome{Status: ans.Status, Digest: ans.Header.Get("X-Digest"), LastModified: ans.Header.Get("X-Last-Modified"),
+		Res: res, Prepared: prepared, NoOp: out.noop, Dials: dials, Counted: counted})
+	if ans.Status/100 == 2 && p.dp.Keeps() {
+		p.watchCreds = pr.creds // memory only
 	}
-}
-
-// noteMerges commits the memory of ownership of an accepted PUT, and says once per
-// section when a merge kept items because confshim had no memory of who owns them.
-func (p *Proxy) noteMerges(res *rewrite.Result) {
-	p.dp.owned = res.Ownership(p.dp.owned)
-	for _, m := range res.Merges {
-		if !m.Unowned || p.dp.unownedSaid[m.Section] {
-			continue
-		}
-		if p.dp.unownedSaid == nil {
-			p.dp.unownedSaid = map[string]bool{}
-		}
-		p.dp.unownedSaid[m.Section] = true
+	for _, m := range unowned {
 		p.log.Warn().Str("event", "merge_unowned").Str("section", rewrite.Clip(m.Section)).Int("kept", m.Kept).
 			Strs("kept_ids", m.KeptIDs).Int("kept_ids_not_named", m.Kept-len(m.KeptIDs)).
 			Msg("no memory of which items the client owns in this merged section (a restart without --state-dir): items missing from its copy are kept, not deleted")

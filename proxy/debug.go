@@ -160,15 +160,12 @@ type debugLog struct {
 	ring         [recentSyncs]DebugSyncLine
 	ringLen      int
 	ringNext     int
-	kept         *keptConfig
 	merges       map[string]DebugMerge
 	held         []DebugHeld
 	outOfBand    []DebugOutOfBand
 	stateFile    DebugStateFile
 	lastReseed   *DebugReseed
 	lastStatus   int
-	digest       string
-	lastModified string
 }
 
 func clipString(s string, n int) string {
@@ -272,13 +269,6 @@ func (d *debugLog) setHeld(held []heldItem) {
 	d.mu.Unlock()
 }
 
-// setDataPlane records the digest and X-Last-Modified of the data plane's last known state.
-func (d *debugLog) setDataPlane(digest, lastModified string) {
-	d.mu.Lock()
-	d.digest, d.lastModified = digest, lastModified
-	d.mu.Unlock()
-}
-
 func resMerges(res *rewrite.Result) []rewrite.MergeReport {
 	if res == nil {
 		return nil
@@ -317,13 +307,7 @@ func errorMessage(body []byte) string {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// setKept, noteStateWrite and noteReseed keep the re-seeding part of the document.
-func (d *debugLog) setKept(k *keptConfig) {
-	d.mu.Lock()
-	d.kept = k
-	d.mu.Unlock()
-}
-
+// noteStateWrite and noteReseed keep the re-seeding part of the document.
 func (d *debugLog) noteStateWrite(err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -343,11 +327,12 @@ func (p *Proxy) noteReseed(result string, status int, took time.Duration) {
 
 // DebugConfig builds the document.
 func (p *Proxy) DebugConfig() *DebugConfig {
+	belief := p.dp.Snapshot() // immutable, read without the PUT lock
 	p.debug.mu.Lock()
 	doc := &DebugConfig{
 		GeneratedAt: time.Now(),
-		DataPlane: DebugDataPlane{URL: credentialFreeURL(p.upstream), Digest: clipString(p.debug.digest, maxDebugDigest),
-			LastModified: clipString(p.debug.lastModified, maxDebugDigest), LastStatus: p.debug.lastStatus},
+		DataPlane: DebugDataPlane{URL: credentialFreeURL(p.upstream), Digest: clipString(belief.Digest, maxDebugDigest),
+			LastModified: clipString(belief.LastModified, maxDebugDigest), LastStatus: p.debug.lastStatus},
 		LastAccepted: p.debug.lastAccepted,
 		LastRejected: p.debug.lastRejected,
 		RecentSyncs:  make([]DebugSyncLine, 0, p.debug.ringLen),
@@ -355,7 +340,7 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 	for i := 0; i < p.debug.ringLen; i++ {
 		doc.RecentSyncs = append(doc.RecentSyncs, p.debug.ring[(p.debug.ringNext-p.debug.ringLen+i+recentSyncs)%recentSyncs])
 	}
-	kept, stateFile, reseed := p.debug.kept, p.debug.stateFile, p.debug.lastReseed
+	kept, stateFile, reseed := belief.Kept, p.debug.stateFile, p.debug.lastReseed
 	for _, m := range p.debug.merges {
 		doc.Merge = append(doc.Merge, m)
 	}
@@ -369,10 +354,10 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 		t := time.Unix(0, at)
 		doc.DataPlane.LastAnswerAt = &t
 	}
-	if p.keep.enabled {
+	if p.dp.Keeps() {
 		doc.Kept = &DebugKept{Sections: []DebugKeptItem{}, LastReseed: reseed}
-		if p.keep.dir != "" {
-			stateFile.Path = p.keep.dir + "/" + stateFileName
+		if path := p.dp.StateFile(); path != "" {
+			stateFile.Path = path
 			doc.Kept.StateFile = &stateFile
 		}
 		if kept != nil { // immutable: counted outside any lock

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"maps"
 	"net/http"
 	"regexp"
 	"slices"
@@ -202,16 +201,7 @@ func (pr *putRequest) afterAccepted(fb *fallbackResult) {
 	p := pr.p
 	held := pr.held(fb)
 	if fb != nil {
-		p.dp.record = p.dp.record.Without(fb.changed)
-		if fb.versions != nil { // a second step moved versions past the decision's
-			p.setState(nil, "", "")
-			p.keep.forget()
-			if p.dp.believed != nil {
-				believed := maps.Clone(p.dp.believed)
-				maps.Copy(believed, fb.versions)
-				p.believe(believed)
-			}
-		}
+		p.dp.Backfilled(fb.changed, fb.versions)
 	}
 	p.noteHeld(held)
 	p.heldCorrection = nil
@@ -347,13 +337,13 @@ func (pr *putRequest) acceptedCopies(ctx context.Context) (*acceptedCopies, erro
 	p := pr.p
 	a := &acceptedCopies{sections: map[string]map[string][]byte{}}
 	switch {
-	case p.keep.kept != nil:
+	case p.dp.Kept() != nil:
 		a.items = map[string][]byte{}
-		for s, raw := range p.keep.kept.Items {
+		for s, raw := range p.dp.Kept().Items {
 			a.items[s] = raw
 		}
-	case p.dp.state != nil && p.dp.state.ItemsKnown:
-		a.items = p.dp.state.Items
+	case p.dp.State() != nil && p.dp.State().ItemsKnown:
+		a.items = p.dp.State().Items
 	default:
 		st, _, _, err := p.readState(ctx, pr.creds)
 		if err != nil {
@@ -616,8 +606,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 	if err != nil {
 		// the second PUT got no answer: the client gets the first corrected PUT's, and
 		// the state is read afresh next time (the second may have landed)
-		p.setState(nil, "", "")
-		p.forgetBelief()
+		p.dp.Forget()
 		pr.unavailable("the second PUT got no answer", err)
 		return nil
 	}

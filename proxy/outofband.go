@@ -6,6 +6,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/confshim/confshim/internal/dataplane"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -40,49 +41,25 @@ type DebugVersionMove struct {
 	To      float64 `json:"to"`
 }
 
-// believe records the versions the data plane holds after confshim's own write.
-func (p *Proxy) believe(versions map[string]float64) {
-	p.dp.believed = versions
-}
-
-// forgetBelief: an outcome confshim does not know (a PUT without an answer, a body it
-// forwarded untouched); the next read is taken as it comes, nobody blamed.
-func (p *Proxy) forgetBelief() { p.dp.believed = nil }
-
-// learnFrom compares a state read with what confshim believed; the caller holds the
-// PUT lock. A data plane that holds nothing (restarted) is no writer's doing.
-func (p *Proxy) learnFrom(st *rewrite.State, lastModified, how string) {
-	believed := p.dp.believed
-	if st == nil || (lastModified == "" && !p.api.NoHead()) {
-		p.dp.believed = nil
-		return
-	}
-	p.dp.believed = st.Versions
-	if believed == nil {
-		return
-	}
-	var moved []DebugVersionMove
-	for _, s := range sortedKeys(believed) {
-		if to := st.Versions[s]; to != believed[s] {
-			moved = append(moved, DebugVersionMove{Section: rewrite.Clip(s), From: believed[s], To: to})
-		}
-	}
-	if len(moved) == 0 {
+// noteMoves counts, logs and shows the out-of-band writes a read showed (moves from
+// the belief's Read).
+func (p *Proxy) noteMoves(moves []dataplane.Move, how string) {
+	if len(moves) == 0 {
 		return
 	}
 	arr := zerolog.Arr()
-	for i, m := range moved {
+	shown := make([]DebugVersionMove, 0, min(len(moves), maxLoggedSections))
+	for i, m := range moves {
+		section := rewrite.Clip(m.Section)
 		p.m.OutOfBandWrites.WithLabelValues(metrics.SectionLabel(m.Section)).Inc()
 		if i < maxLoggedSections {
-			arr = arr.Dict(zerolog.Dict().Str("section", m.Section).Float64("from", m.From).Float64("to", m.To))
+			arr = arr.Dict(zerolog.Dict().Str("section", section).Float64("from", m.From).Float64("to", m.To))
+			shown = append(shown, DebugVersionMove{Section: section, From: m.From, To: m.To})
 		}
 	}
 	p.log.Warn().Str("event", "out_of_band_write").Str("how", how).Array("sections", arr).
 		Msg("the data plane was written behind confshim (straight on its Admin API)")
-	if len(moved) > maxLoggedSections {
-		moved = moved[:maxLoggedSections]
-	}
-	p.debug.noteOutOfBand(DebugOutOfBand{At: time.Now(), How: how, Sections: moved})
+	p.debug.noteOutOfBand(DebugOutOfBand{At: time.Now(), How: how, Sections: shown})
 }
 
 // noteOutOfBand keeps the last few out-of-band writes, newest last.

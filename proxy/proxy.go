@@ -23,6 +23,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/confshim/confshim/internal/apisix"
+	"github.com/confshim/confshim/internal/dataplane"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -79,11 +80,10 @@ type Proxy struct {
 	m        *metrics.Metrics
 	handler  http.Handler
 
-	// putLock serialises configs PUTs (a channel, so a waiting client that goes away
-	// stops waiting); it guards dp and keep.
-	putLock chan struct{}
-	dp      dataPlane
-	keep    *keeper // re-seeding (§8.4)
+	// dp is what confshim believes about the data plane; its PUT lock serialises
+	// configs PUTs and guards watchCreds, held and heldCorrection too.
+	dp         *dataplane.Belief
+	watchCreds apisix.Credentials // the last accepted caller's, for re-seeding; memory only
 
 	lastAnswer     atomic.Int64                   // unix nanos of the upstream's last HTTP answer
 	bufs           buffers                        // request and rewrite buffers
@@ -158,7 +158,6 @@ func New(cfg Config) (*Proxy, error) {
 		rw:       rewrite.NewMerging(cfg.Preserve, cfg.Merge),
 		log:      cfg.Logger,
 		m:        cfg.Metrics,
-		putLock:  make(chan struct{}, 1),
 		bufs:     make(buffers, 3), // the PUT being read, the one being rewritten, its output
 		budget:   newBodyBudget(cfg.BodyBudgetBytes),
 	}
@@ -169,11 +168,23 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p.api = api
-	p.keep = newKeeper(cfg, cfg.Logger, p.debug)
-	if p.keep.kept != nil {
-		p.dp.owned = p.keep.kept.Owned       // the memory of ownership survives the restart,
-		p.dp.believed = p.keep.kept.Versions // and what the data plane held then
+	dp, loadErr := dataplane.New(dataplane.Options{Keep: cfg.ReseedInterval > 0, StateDir: cfg.StateDir,
+		// the kept configuration is at most the data plane's state, which confshim reads
+		// up to 4 × --max-body-bytes
+		MaxFileBytes: 4*cfg.MaxBodyBytes + 1<<20,
+		OnStateWrite: func(err error) {
+			if err != nil {
+				cfg.Logger.Warn().Str("event", "state_file").Str("error", err.Error()).Msg("cannot write the kept configuration to --state-dir")
+			}
+			p.debug.noteStateWrite(err)
+		}})
+	switch k := dp.Kept(); {
+	case loadErr != nil:
+		cfg.Logger.Warn().Str("event", "state_file").Str("error", loadErr.Error()).Msg("the kept configuration in --state-dir cannot be read; ignored")
+	case k != nil:
+		cfg.Logger.Info().Str("event", "state_file").Int("sections", len(k.Versions)).Msg("loaded the kept configuration from --state-dir")
 	}
+	p.dp = dp
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
 		Transport:     p.api.Shared(),

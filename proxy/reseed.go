@@ -36,8 +36,8 @@ func (p *Proxy) checkDataPlane(ctx context.Context) (looked bool, cost time.Dura
 	case err != nil || head == nil:
 		return false, 0, true // down, restarting or refusing the key: the next tick looks again
 	case head.LastModified == "":
-		p.lockPut()
-		defer p.unlockPut()
+		p.dp.Lock(context.Background())
+		defer p.dp.Unlock()
 		p.reseedLocked(ctx, time.Now(), nil)
 	default:
 		p.refreshKept(ctx, head.Digest, head.LastModified)
@@ -45,42 +45,41 @@ func (p *Proxy) checkDataPlane(ctx context.Context) (looked bool, cost time.Dura
 	return true, cost, true
 }
 
-func (p *Proxy) lockPut()   { p.putLock <- struct{}{} }
-func (p *Proxy) unlockPut() { <-p.putLock }
-
-// watchCredentials are the keeper's, read without waiting for a PUT in flight.
+// watchCredentials are re-seeding's, read without waiting for a PUT in flight.
 func (p *Proxy) watchCredentials() (apisix.Credentials, bool) {
 	if p.cfg.AdminKey != "" {
 		return apisix.KeyCredentials(p.cfg.AdminKey), true
 	}
-	select {
-	case p.putLock <- struct{}{}:
-		defer p.unlockPut()
-	default:
+	if !p.dp.TryLock() {
 		return apisix.Credentials{}, false // a PUT is in flight: look next time
 	}
-	return p.keep.credentials()
+	defer p.dp.Unlock()
+	return p.credentials()
+}
+
+// credentials are --admin-key, else the last accepted caller's; under the PUT lock.
+func (p *Proxy) credentials() (apisix.Credentials, bool) {
+	if p.cfg.AdminKey != "" {
+		return apisix.KeyCredentials(p.cfg.AdminKey), true
+	}
+	return p.watchCreds, !p.watchCreds.IsZero()
 }
 
 // refreshKept reads the data plane when it changed since the kept configuration (an
 // out-of-band write) or when the kept one could not be derived.
 func (p *Proxy) refreshKept(ctx context.Context, digest, lastModified string) {
-	p.lockPut()
-	defer p.unlockPut()
-	if k := p.keep.kept; k != nil && k.Digest == digest && k.LastModified == lastModified {
-		p.keep.refreshDue.Store(false)
+	p.dp.Lock(context.Background())
+	defer p.dp.Unlock()
+	if p.dp.KeptIsCurrent(digest, lastModified) {
 		return
 	}
-	creds, _ := p.keep.credentials()
+	creds, _ := p.credentials()
 	st, d, lm, err := p.readState(ctx, creds)
 	if err != nil || lm == "" {
 		return
 	}
-	p.setState(st, d, lm)
-	p.confirm()
-	p.learnFrom(st, lm, learntByWatch)
-	p.keep.set(keptFromState(st, d, lm, p.dp.owned))
-	p.keep.refreshDue.Store(false)
+	dials, counted := p.api.DialCount()
+	p.noteMoves(p.dp.Refreshed(st, d, lm, p.api.NoHead(), dials, counted), learntByWatch)
 	p.log.Debug().Str("event", "kept_refreshed").Msg("read the data plane's configuration back after a write confshim did not make")
 }
 
@@ -91,11 +90,11 @@ func (p *Proxy) refreshKept(ctx context.Context, digest, lastModified string) {
 // client's sync, nil for the watch's own. It reports whether the data plane now holds
 // the kept configuration.
 func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *apisix.Credentials) bool {
-	k := p.keep.kept
+	k := p.dp.Kept()
 	if k == nil {
 		return false
 	}
-	creds, _ := p.keep.credentials()
+	creds, _ := p.credentials()
 	if caller != nil {
 		creds = *caller
 	}
@@ -103,7 +102,7 @@ func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *
 		p.m.Reseed(metrics.ReseedSkipped)
 		return false // someone wrote meanwhile (or it went away again)
 	}
-	body, err := k.body()
+	body, err := k.Body()
 	if err != nil {
 		p.m.Reseed(metrics.ReseedFailed)
 		return false
@@ -113,12 +112,14 @@ func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *
 		digest = "confshim-reseed"
 	}
 	ans, err := p.api.PutConfig(ctx, creds, body, digest) // on the decide connection, as it is
-	p.setState(nil, "", "")
+	if err != nil || ans.Status != http.StatusAccepted {
+		p.dp.Doubt() // whatever it holds now is read again
+	}
 	if err != nil {
 		p.m.Reseed(metrics.ReseedFailed)
 		p.noteReseed(string(metrics.ReseedFailed), 0, time.Since(foundEmpty))
 		p.log.Warn().Str("event", "reseed").Str("result", "failed").Str("error", apisix.SafeError(err)).Msg("re-seeding the data plane failed; retrying at the next check")
-		p.keep.refreshDue.Store(true) // look again at the next tick
+		p.dp.AskRefresh() // look again at the next tick
 		return false
 	}
 	took := time.Since(foundEmpty)
@@ -140,14 +141,9 @@ func (p *Proxy) reseedLocked(ctx context.Context, foundEmpty time.Time, caller *
 	}
 	p.log.Info().Str("event", "reseed").Str("result", "restored").Dict("versions", versions).
 		Dur("after", took).Msg("the data plane had lost its configuration; restored the kept one")
-	lm := ans.Header.Get("X-Last-Modified")
-	p.keep.set(&keptConfig{Digest: ans.Header.Get("X-Digest"), LastModified: lm, Versions: k.Versions, Items: k.Items, Owned: k.Owned})
-	p.believe(k.Versions)
+	dials, counted := p.api.DialCount()
 	// the record still holds: the data plane has the same versions and content again
-	if d := ans.Header.Get("X-Digest"); d != "" && lm != "" {
-		p.setState(&rewrite.State{Versions: k.Versions}, d, lm)
-		p.confirm() // the re-seed's 202 on the decide connection
-	}
+	p.dp.Reseeded(k, ans.Header.Get("X-Digest"), ans.Header.Get("X-Last-Modified"), dials, counted)
 	return true
 }
 
@@ -175,10 +171,7 @@ func (p *Proxy) StartBackground(ctx context.Context) {
 	if p.cfg.ReseedInterval <= 0 {
 		return
 	}
-	if p.keep.file != nil {
-		p.keep.started = true
-		go p.keep.runWriter(ctx)
-	}
+	p.dp.StartWriter(ctx)
 	p.bg.Add(1)
 	go func() {
 		defer p.bg.Done()
@@ -190,5 +183,5 @@ func (p *Proxy) StartBackground(ctx context.Context) {
 // last accepted configuration written to --state-dir.
 func (p *Proxy) Wait() {
 	p.bg.Wait()
-	p.keep.wait()
+	p.dp.Wait()
 }

@@ -60,9 +60,7 @@ func (p *Proxy) watchDataPlane(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		select {
-		case p.putLock <- struct{}{}:
-		default:
+		if !p.dp.TryLock() {
 			continue // a PUT is in flight on the decide connection: it tells what a ping would
 		}
 		dials, _ := p.api.DialCount()
@@ -72,9 +70,9 @@ func (p *Proxy) watchDataPlane(ctx context.Context) {
 			redialed = true
 		}
 		if err != nil || redialed || server != lastServer {
-			p.dp.trusted = false // down, a new connection, or another APISIX answering
+			p.dp.Distrust() // down, a new connection, or another APISIX answering
 		}
-		p.unlockPut()
+		p.dp.Unlock()
 		if err != nil {
 			suspect = true // unreachable or reset: it may come back empty
 			p.log.Debug().Str("event", "watch").Str("error", apisix.SafeError(err)).Msg("the data plane did not answer the ping")
@@ -84,7 +82,7 @@ func (p *Proxy) watchDataPlane(ctx context.Context) {
 			suspect = true // a new connection, or another APISIX answering
 		}
 		lastServer = server
-		if !suspect && !p.keep.refreshDue.Load() && time.Since(lastCheck) < p.lookInterval(lookCost) {
+		if !suspect && !p.dp.RefreshDue() && time.Since(lastCheck) < p.lookInterval(lookCost) {
 			continue
 		}
 		p.log.Debug().Str("event", "watch").Bool("suspect", suspect).Msg("looking at the data plane's configuration")

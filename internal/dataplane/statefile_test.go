@@ -1,4 +1,4 @@
-package proxy
+package dataplane
 
 import (
 	"context"
@@ -9,8 +9,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/rs/zerolog"
 )
 
 // TestHostileStateFiles: the state file is input like any other (issue 18). Whatever
@@ -50,32 +48,36 @@ func TestHostileStateFiles(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			tc.setup(t, filepath.Join(dir, stateFileName))
-			var logs strings.Builder
-			done := make(chan *keeper, 1)
+			tc.setup(t, filepath.Join(dir, StateFileName))
+			type loaded struct {
+				b   *Belief
+				err error
+			}
+			done := make(chan loaded, 1)
 			go func() {
-				done <- newKeeper(Config{ReseedInterval: time.Second, StateDir: dir, MaxBodyBytes: 1 << 20}, zerolog.New(&logs), &debugLog{})
+				b, err := New(Options{Keep: true, StateDir: dir, MaxFileBytes: 4<<20 + 1<<20})
+				done <- loaded{b, err}
 			}()
-			var k *keeper
+			var got loaded
 			select {
-			case k = <-done:
+			case got = <-done:
 			case <-time.After(5 * time.Second):
 				t.Fatal("start-up blocked on the state file")
 			}
 			if tc.want == "" {
-				if k.kept == nil || k.kept.Versions["routes"] != 3 {
-					t.Fatalf("a valid state file was not loaded: %s", logs.String())
+				if got.err != nil || got.b.Kept() == nil || got.b.Kept().Versions["routes"] != 3 {
+					t.Fatalf("a valid state file was not loaded: %v", got.err)
 				}
 				return
 			}
-			if k.kept != nil {
+			if got.b.Kept() != nil {
 				t.Fatal("a hostile state file was loaded")
 			}
-			if !strings.Contains(logs.String(), tc.want) || !strings.Contains(logs.String(), "ignored") {
-				t.Fatalf("log %q does not say %q", logs.String(), tc.want)
+			if got.err == nil || !strings.Contains(got.err.Error(), tc.want) {
+				t.Fatalf("error %v does not say %q", got.err, tc.want)
 			}
-			if len(logs.String()) > 2048 {
-				t.Fatalf("the log line quotes the file: %d bytes", len(logs.String()))
+			if len(got.err.Error()) > 2048 {
+				t.Fatalf("the error quotes the file: %d bytes", len(got.err.Error()))
 			}
 		})
 	}
@@ -93,12 +95,12 @@ func write(content string) func(t *testing.T, path string) {
 // uses its own), the rest of the file is used.
 func TestStateFileDigestNeverAHeader(t *testing.T) {
 	dir := t.TempDir()
-	write(`{"digest":"a\r\nX-Evil: 1","last_modified":"1","versions":{"routes":1}}`)(t, filepath.Join(dir, stateFileName))
+	write(`{"digest":"a\r\nX-Evil: 1","last_modified":"1","versions":{"routes":1}}`)(t, filepath.Join(dir, StateFileName))
 	k, err := readStateFile(dir, 1<<20)
 	if err != nil || k == nil || k.Digest != "" || k.LastModified != "" || k.Versions["routes"] != 1 {
 		t.Fatalf("%+v %v", k, err)
 	}
-	body, err := k.body()
+	body, err := k.Body()
 	if err != nil || strings.Contains(string(body), "Evil") {
 		t.Fatalf("%s %v", body, err)
 	}
@@ -108,20 +110,22 @@ func TestStateFileDigestNeverAHeader(t *testing.T) {
 // configuration is handed to it; when the background stops, that one is on disk.
 func TestStateFileFlushedOnShutdown(t *testing.T) {
 	dir := t.TempDir()
-	k := newKeeper(Config{ReseedInterval: time.Second, StateDir: dir, MaxBodyBytes: 1 << 20}, zerolog.Nop(), &debugLog{})
-	ctx, cancel := context.WithCancel(context.Background())
-	k.started = true
-	go k.runWriter(ctx)
-	for i := 1; i <= 50; i++ {
-		k.set(&keptConfig{Digest: "d", LastModified: "1", Versions: map[string]float64{"routes": float64(i)}})
-	}
-	cancel()
-	k.wait()
-	data, err := os.ReadFile(filepath.Join(dir, stateFileName))
+	b, err := New(Options{Keep: true, StateDir: dir, MaxFileBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got keptConfig
+	ctx, cancel := context.WithCancel(context.Background())
+	b.StartWriter(ctx)
+	for i := 1; i <= 50; i++ {
+		b.setKept(&Kept{Digest: "d", LastModified: "1", Versions: map[string]float64{"routes": float64(i)}})
+	}
+	cancel()
+	b.Wait()
+	data, err := os.ReadFile(filepath.Join(dir, StateFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Kept
 	if err := json.Unmarshal(data, &got); err != nil || got.Versions["routes"] != 50 {
 		t.Fatalf("state file after shutdown: %s (%v), want version 50", data, err)
 	}
@@ -133,8 +137,8 @@ func TestStateFileFlushedOnShutdown(t *testing.T) {
 // TestReseedBodyIsJSON: section names from a state file are written by a JSON encoder
 // (Go's quoting of a control character is not JSON).
 func TestReseedBodyIsJSON(t *testing.T) {
-	k := &keptConfig{Versions: map[string]float64{"ro\x7futes": 2, "routes": 1.5}, Items: map[string]json.RawMessage{"routes": json.RawMessage(`[{"id":"r1"}]`)}}
-	body, err := k.body()
+	k := &Kept{Versions: map[string]float64{"ro\x7futes": 2, "routes": 1.5}, Items: map[string]json.RawMessage{"routes": json.RawMessage(`[{"id":"r1"}]`)}}
+	body, err := k.Body()
 	if err != nil {
 		t.Fatal(err)
 	}

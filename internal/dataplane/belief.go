@@ -1,0 +1,395 @@
+// Package dataplane is what confshim believes about the APISIX behind it, in one place:
+// the state it last read or wrote (versions, items when known, digest and
+// X-Last-Modified), whether that belief is still proven, the record of its own last
+// accepted write (§5.1's "unchanged"), the memory of merge ownership (§8.6), the
+// versions an out-of-band write would be measured against (§7), and the configuration
+// kept for re-seeding (§8.4) with its state file. It owns the PUT lock: every
+// transition runs under it, one call per answer from the data plane. It does no network
+// I/O; a lock-free snapshot feeds /debug/config.
+package dataplane
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"sync/atomic"
+
+	"github.com/confshim/confshim/rewrite"
+)
+
+// Options configure a Belief.
+type Options struct {
+	// Keep turns the kept configuration on (re-seeding, --reseed-interval > 0).
+	Keep bool
+	// StateDir, when set, also keeps it on disk; MaxFileBytes bounds the file read.
+	StateDir     string
+	MaxFileBytes int64
+	// OnStateWrite is told of each write of the state file (nil: an error, if any).
+	OnStateWrite func(error)
+}
+
+// Belief is confshim's belief about the data plane. Its methods but Snapshot,
+// RefreshDue and Unlock's channel run under the PUT lock (Lock).
+type Belief struct {
+	lock chan struct{}
+
+	state              *rewrite.State
+	digest, lastModify string
+	record             *rewrite.Record
+	owned              rewrite.Ownership
+	unownedSaid        map[string]bool
+	// believed are the versions the data plane holds as confshim last knew them: a read
+	// that shows others is an out-of-band write
+	believed map[string]float64
+	// trusted: state was confirmed (read, or written by an accepted PUT) on the decide
+	// connection that is still the one open (trustedDials), with no doubt since
+	trusted      bool
+	trustedDials uint64
+
+	keep       bool
+	kept       *Kept
+	refreshDue atomic.Bool // the watch should read the data plane back
+	writer     *stateWriter
+
+	snap atomic.Pointer[Snapshot]
+	// the metadata of the last state known, for the snapshot (a forgotten state keeps
+	// showing what the data plane last was)
+	shownDigest, shownLastModified string
+}
+
+// Snapshot is the belief as /debug/config shows it; immutable.
+type Snapshot struct {
+	Digest, LastModified string
+	Kept                 *Kept
+}
+
+// Move is a section's version as confshim believed it and as a read found it.
+type Move struct {
+	Section  string
+	From, To float64
+}
+
+// New returns the belief; with a state dir it loads the kept configuration from it
+// (loadErr: the file could not be used and was ignored).
+func New(o Options) (b *Belief, loadErr error) {
+	b = &Belief{lock: make(chan struct{}, 1), keep: o.Keep}
+	if o.Keep && o.StateDir != "" {
+		b.writer = newStateWriter(o.StateDir, o.OnStateWrite)
+		loaded, err := readStateFile(o.StateDir, o.MaxFileBytes)
+		switch {
+		case err != nil:
+			loadErr = err
+		case loaded != nil:
+			b.kept = loaded
+			b.owned = loaded.Owned       // the memory of ownership survives the restart,
+			b.believed = loaded.Versions // and what the data plane held then
+		}
+	}
+	b.publish()
+	return b, loadErr
+}
+
+// Lock takes the PUT lock; false when ctx ended first (a client that went away).
+func (b *Belief) Lock(ctx context.Context) bool {
+	select {
+	case b.lock <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// TryLock takes the PUT lock if it is free.
+func (b *Belief) TryLock() bool {
+	select {
+	case b.lock <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// Unlock gives the PUT lock back.
+func (b *Belief) Unlock() { <-b.lock }
+
+func (b *Belief) publish() {
+	if b.state != nil {
+		b.shownDigest, b.shownLastModified = b.digest, b.lastModify
+	}
+	b.snap.Store(&Snapshot{Digest: b.shownDigest, LastModified: b.shownLastModified, Kept: b.kept})
+}
+
+// Snapshot is the belief as last published, read without the lock.
+func (b *Belief) Snapshot() *Snapshot { return b.snap.Load() }
+
+// State is the data plane's state as confshim has it (nil: read it).
+func (b *Belief) State() *rewrite.State { return b.state }
+
+// Digest and LastModified are the metadata the state belongs to.
+func (b *Belief) Digest() string       { return b.digest }
+func (b *Belief) LastModified() string { return b.lastModify }
+
+// Record is confshim's record of its last accepted write.
+func (b *Belief) Record() *rewrite.Record { return b.record }
+
+// Owned is the memory of ownership of --merge sections.
+func (b *Belief) Owned() rewrite.Ownership { return b.owned }
+
+// Kept is the configuration kept for re-seeding (nil: none).
+func (b *Belief) Kept() *Kept { return b.kept }
+
+// Keeps: re-seeding is on, so a configuration is kept.
+func (b *Belief) Keeps() bool { return b.keep }
+
+// Empty: the last look found nothing stored since the data plane started (no
+// X-Last-Modified; APISIX 3.13, which never sends one, excluded).
+func (b *Belief) Empty(noHead bool) bool {
+	return !noHead && b.state != nil && b.lastModify == ""
+}
+
+// Matches: the data plane answered with the metadata of the state confshim has.
+func (b *Belief) Matches(digest, lastModified string) bool {
+	return b.state != nil && digest == b.digest && lastModified == b.lastModify
+}
+
+// Trusts: the state was confirmed on the decide connection that is still open (dials
+// is its count of connections), with no doubt since, so a sync may be decided on it
+// unread — APISIX's version check proves it.
+func (b *Belief) Trusts(dials uint64, counted bool) bool {
+	return counted && b.trusted && dials == b.trustedDials && b.state != nil && b.lastModify != ""
+}
+
+// Confirm: the state was just confirmed on the decide connection (dials as counted now).
+func (b *Belief) Confirm(dials uint64, counted bool) {
+	b.trusted, b.trustedDials = counted, dials
+}
+
+// Distrust: a sign of doubt (a failed ping, a re-opened connection, another Server, a
+// PUT not accepted): the next sync reads first.
+func (b *Belief) Distrust() { b.trusted = false }
+
+func (b *Belief) setState(st *rewrite.State, digest, lastModified string) {
+	b.state, b.digest, b.lastModify, b.trusted = st, digest, lastModified, false
+	b.publish()
+}
+
+// Doubt drops the cached state: something wrote in between (a version conflict). The
+// versions believed stay, to tell what the writer changed.
+func (b *Belief) Doubt() { b.setState(nil, "", "") }
+
+// Forget drops the cached state and the versions believed: an outcome confshim does
+// not know (a PUT without an answer, a body forwarded untouched), whose effect the next
+// read shows without blaming anyone.
+func (b *Belief) Forget() {
+	b.setState(nil, "", "")
+	b.believed = nil
+}
+
+// Read records a state read on the decide connection: the state, confirmed, and the
+// out-of-band writes it shows against what confshim believed. A data plane that holds
+// nothing (restarted; noHead: APISIX 3.13 tells no metadata) is no writer's doing.
+func (b *Belief) Read(st *rewrite.State, digest, lastModified string, noHead bool, dials uint64, counted bool) []Move {
+	b.setState(st, digest, lastModified)
+	b.Confirm(dials, counted)
+	believed := b.believed
+	if lastModified == "" && !noHead {
+		b.believed = nil
+		return nil
+	}
+	b.believed = st.Versions
+	if believed == nil {
+		return nil
+	}
+	var moved []Move
+	for _, s := range slices.Sorted(maps.Keys(believed)) {
+		if to := st.Versions[s]; to != believed[s] {
+			moved = append(moved, Move{Section: s, From: believed[s], To: to})
+		}
+	}
+	return moved
+}
+
+// Outcome is APISIX's answer to a PUT confshim forwarded, and what it was decided as.
+type Outcome struct {
+	Status               int
+	Digest, LastModified string            // the answer's X-Digest and X-Last-Modified
+	Res                  *rewrite.Result   // the decision; nil: the body went untouched
+	Prepared             *rewrite.Prepared // what APISIX took (after a fallback, the corrected body)
+	NoOp                 bool              // sent with the data plane's own digest (§8.2)
+	Dials                uint64            // the decide connection's count, as the answer came
+	Counted              bool
+}
+
+// Answered is the one transition per answer to a forwarded PUT: the kept
+// configuration (derived from the state the PUT was decided on), then the record and
+// the state. It returns the merged sections newly found without a memory of
+// ownership, to be said once.
+func (b *Belief) Answered(o Outcome) (unowned []rewrite.MergeReport) {
+	if o.Status/100 == 2 && b.keep {
+		b.keepAfter(o)
+	}
+	switch {
+	case o.Status < 200 || o.Status > 299:
+		b.Distrust() // nothing was stored, most likely; the next sync looks first
+	case o.Res == nil:
+		b.record = nil // an untouched body landed: know nothing
+		b.Forget()
+	case o.Status == 204:
+		// APISIX answers 204 to a digest it already holds whatever the body, so only a
+		// 204 to the no-op PUT of §8.2 confirms the body's content
+		if o.NoOp {
+			b.record = o.Res.Commit(true)
+			unowned = b.noteMerges(o.Res)
+		}
+	default:
+		b.record = o.Res.Commit(false)
+		unowned = b.noteMerges(o.Res)
+		applied := o.Res.AppliedState()
+		b.believed = applied.Versions
+		b.setState(nil, "", "")
+		if o.Digest != "" && o.LastModified != "" {
+			b.setState(applied, o.Digest, o.LastModified)
+			b.Confirm(o.Dials, o.Counted) // APISIX's 202 on the decide connection
+		}
+	}
+	return unowned
+}
+
+// keepAfter updates the kept configuration after APISIX accepted a forwarded PUT; the
+// cached state is still the one the PUT was decided on.
+func (b *Belief) keepAfter(o Outcome) {
+	switch {
+	case o.Status == 204:
+		// nothing changed on the data plane: the kept configuration is right if it
+		// describes the state the PUT was decided on, else a full read of it is
+		if c := b.kept; c != nil && c.Digest == b.digest && c.LastModified == b.lastModify {
+			return
+		}
+		if b.state != nil && b.state.ItemsKnown && b.lastModify != "" {
+			b.setKept(KeptFromState(b.state, b.digest, b.lastModify, b.owned))
+		} else {
+			b.ForgetKept() // someone else wrote: the watch reads it back
+		}
+	case o.Res == nil || o.Prepared == nil:
+		b.ForgetKept() // an untouched body landed: the watch reads it back
+	default:
+		next := derive(b.kept, b.state, b.digest, b.lastModify, b.owned, o.Res, o.Prepared, o.Digest, o.LastModified)
+		if next == nil {
+			b.ForgetKept()
+			return
+		}
+		b.setKept(next)
+	}
+}
+
+// noteMerges commits the memory of ownership of an accepted PUT and returns the merged
+// sections that kept items for lack of it, each once.
+func (b *Belief) noteMerges(res *rewrite.Result) []rewrite.MergeReport {
+	b.owned = res.Ownership(b.owned)
+	var out []rewrite.MergeReport
+	for _, m := range res.Merges {
+		if !m.Unowned || b.unownedSaid[m.Section] {
+			continue
+		}
+		if b.unownedSaid == nil {
+			b.unownedSaid = map[string]bool{}
+		}
+		b.unownedSaid[m.Section] = true
+		out = append(out, m)
+	}
+	return out
+}
+
+// Backfilled records what a fallback (§8.5) changed after an accepted PUT: the record
+// forgets the sections whose content is a correction, not the client's decided copy;
+// a second step that moved versions past the decision's leaves the state to be read
+// again and the kept configuration to be read back.
+func (b *Belief) Backfilled(sections []string, versions map[string]float64) {
+	b.record = b.record.Without(sections)
+	if versions == nil {
+		return
+	}
+	b.setState(nil, "", "")
+	b.ForgetKept()
+	if b.believed != nil {
+		believed := maps.Clone(b.believed)
+		maps.Copy(believed, versions)
+		b.believed = believed
+	}
+}
+
+// Reseeded records a re-seed APISIX accepted: the kept configuration is what the data
+// plane holds again, versions included, and the record still holds.
+func (b *Belief) Reseeded(k *Kept, digest, lastModified string, dials uint64, counted bool) {
+	b.setKept(&Kept{Digest: digest, LastModified: lastModified, Versions: k.Versions, Items: k.Items, Owned: k.Owned})
+	b.believed = k.Versions
+	b.setState(nil, "", "")
+	if digest != "" && lastModified != "" {
+		b.setState(&rewrite.State{Versions: k.Versions}, digest, lastModified)
+		b.Confirm(dials, counted)
+	}
+}
+
+// Refreshed records the watch's read of a data plane that changed without confshim:
+// the state and the kept configuration both follow it.
+func (b *Belief) Refreshed(st *rewrite.State, digest, lastModified string, noHead bool, dials uint64, counted bool) []Move {
+	moved := b.Read(st, digest, lastModified, noHead, dials, counted)
+	b.setKept(KeptFromState(st, digest, lastModified, b.owned))
+	b.refreshDue.Store(false)
+	return moved
+}
+
+// KeptIsCurrent: the kept configuration describes the data plane the watch sees; then
+// nothing needs reading back.
+func (b *Belief) KeptIsCurrent(digest, lastModified string) bool {
+	if k := b.kept; k != nil && k.Digest == digest && k.LastModified == lastModified {
+		b.refreshDue.Store(false)
+		return true
+	}
+	return false
+}
+
+// RefreshDue: the kept configuration could not be derived; the watch should read the
+// data plane back. Read without the lock.
+func (b *Belief) RefreshDue() bool { return b.refreshDue.Load() }
+
+// AskRefresh asks the watch to look again at its next tick.
+func (b *Belief) AskRefresh() { b.refreshDue.Store(true) }
+
+// ForgetKept drops the kept configuration and asks the watch to read it back.
+func (b *Belief) ForgetKept() {
+	b.kept = nil
+	b.refreshDue.Store(true)
+	b.publish()
+}
+
+func (b *Belief) setKept(next *Kept) {
+	b.kept = next
+	b.publish()
+	if b.writer != nil && next != nil {
+		b.writer.hand(next)
+	}
+}
+
+// StartWriter starts the state file's writer (with a state dir); it stops when ctx
+// ends, after writing the last configuration it was handed.
+func (b *Belief) StartWriter(ctx context.Context) {
+	if b.writer != nil {
+		b.writer.start(ctx)
+	}
+}
+
+// Wait returns when the state file's writer has flushed and stopped.
+func (b *Belief) Wait() {
+	if b.writer != nil {
+		b.writer.wait()
+	}
+}
+
+// StateFile is the state file's path ("" without a state dir).
+func (b *Belief) StateFile() string {
+	if b.writer == nil {
+		return ""
+	}
+	return b.writer.path()
+}

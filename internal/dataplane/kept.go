@@ -1,0 +1,115 @@
+package dataplane
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+
+	"github.com/confshim/confshim/rewrite"
+)
+
+// Kept is the data plane's whole configuration as of the last write confshim saw
+// accepted (contract §8.4): what a re-seed puts back. Immutable once built.
+//
+// It is derived from the writes confshim forwards (a section APISIX took from the body
+// has the body's items, one it kept has what it held before), so a sync costs no extra
+// GET. Where it cannot be derived (a YAML body, a section whose earlier copy belongs to
+// another state of the data plane), the watch reads the data plane once with GET.
+type Kept struct {
+	Digest       string             `json:"digest"`
+	LastModified string             `json:"last_modified"`
+	Versions     map[string]float64 `json:"versions"`
+	// Items are the raw JSON values of the sections that hold items.
+	Items map[string]json.RawMessage `json:"items"`
+	// Owned is the memory of ownership of --merge sections (§8.6). A file without it
+	// (an earlier release) reads as no memory; an earlier release ignores it.
+	Owned rewrite.Ownership `json:"owned,omitempty"`
+}
+
+// KeptFromState is the configuration a full state read shows, with the memory of
+// ownership confshim has.
+func KeptFromState(st *rewrite.State, digest, lastModified string, owned rewrite.Ownership) *Kept {
+	k := &Kept{Digest: digest, LastModified: lastModified, Versions: map[string]float64{}, Items: map[string]json.RawMessage{}, Owned: owned}
+	for s, v := range st.Versions {
+		k.Versions[s] = v
+		if items := st.Items[s]; len(items) > 0 {
+			k.Items[s] = bytes.Clone(items)
+		}
+	}
+	return k
+}
+
+// derive is the kept configuration after APISIX accepted (202) a PUT decided as res on
+// the state st (digest, lastModified), with prev the one kept before; nil when it
+// cannot be derived (the watch then reads it back).
+func derive(prev *Kept, st *rewrite.State, digest, lastModified string, owned rewrite.Ownership,
+	res *rewrite.Result, prepared *rewrite.Prepared, newDigest, newLastModified string) *Kept {
+	// A version number is not content identity: the earlier kept copy of a section
+	// stands for what the data plane holds only if it describes the very state this
+	// PUT was decided on (after a restart, another writer may hold other content at
+	// the same version).
+	prevIsCurrent := prev != nil && lastModified != "" && prev.Digest == digest && prev.LastModified == lastModified
+	next := &Kept{Digest: newDigest, LastModified: newLastModified,
+		Versions: map[string]float64{}, Items: map[string]json.RawMessage{}, Owned: res.Ownership(owned)}
+	for _, o := range res.Outcomes() {
+		next.Versions[o.Section] = o.Version
+		var items []byte
+		switch {
+		case o.FromBody:
+			body, ok := prepared.JSONItems(o.Section)
+			if !ok {
+				return nil // YAML items: read back as JSON by the watch
+			}
+			items = bytes.Clone(body) // the body's buffer goes back to the pool
+		case prevIsCurrent && prev.Versions[o.Section] == o.Version:
+			items = prev.Items[o.Section] // immutable: shared, not copied again
+		case st != nil && st.ItemsKnown: // the state read before this PUT
+			items = bytes.Clone(st.Items[o.Section])
+		default:
+			return nil
+		}
+		if len(items) > 0 && !bytes.Equal(bytes.TrimSpace(items), []byte("[]")) {
+			next.Items[o.Section] = items
+		}
+	}
+	return next
+}
+
+// Body is the PUT that restores the configuration: every version, every section's
+// items, written as JSON (section names quoted by a JSON encoder, not by Go).
+func (k *Kept) Body() ([]byte, error) {
+	sections := make([]string, 0, len(k.Versions))
+	size := 64
+	for s := range k.Versions {
+		sections = append(sections, s)
+		size += len(s)*2 + 40 + len(k.Items[s])
+	}
+	slices.Sort(sections)
+	b := make([]byte, 0, size)
+	b = append(b, '{')
+	for i, s := range sections {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		name, err := json.Marshal(s + "_conf_version")
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, name...)
+		b = append(b, ':')
+		b = appendNumber(b, k.Versions[s])
+		if items := k.Items[s]; len(items) > 0 {
+			name, _ := json.Marshal(s)
+			b = append(b, ',')
+			b = append(b, name...)
+			b = append(b, ':')
+			b = append(b, items...)
+		}
+	}
+	return append(b, '}'), nil
+}
+
+func appendNumber(b []byte, v float64) []byte {
+	n, _ := json.Marshal(v) // finite: checked when the configuration was kept or read
+	return append(b, n...)
+}
