@@ -1,0 +1,229 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/confshim/confshim/rewrite"
+)
+
+// The belief's transitions, one per answer of the data plane, tested without a server:
+// what confshim believes after a 202, a 204, a rejection, a fallback, a re-seed, and
+// what an out-of-band write looks like when it is learnt.
+
+const stored = `{"routes_conf_version":3,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":1,"secrets":[{"id":"vault/1","uri":"http://v"}]}`
+
+func readState(t *testing.T, doc string) *rewrite.State {
+	t.Helper()
+	st, err := rewrite.ParseState([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// rw is one rewriter for every decision, as in the proxy: the record's hashes are seeded
+// per rewriter.
+var rw = rewrite.New([]string{"secrets"})
+
+// decided is the rewrite of body against b's state, as the proxy runs it.
+func decided(t *testing.T, b *Belief, body string) (*rewrite.Result, *rewrite.Prepared) {
+	t.Helper()
+	p, err := rw.Prepare([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := rw.Decide(p, rewrite.Input{Body: []byte(body), Digest: "c1", HasDigest: true, State: b.State(), Record: b.Record(), Owned: b.Owned()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pa, err := rw.Prepare(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, pa
+}
+
+func newBelief(t *testing.T) *Belief {
+	t.Helper()
+	b, err := New(Options{Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.Lock(context.Background()) {
+		t.Fatal("lock")
+	}
+	t.Cleanup(b.Unlock)
+	return b
+}
+
+func TestAfterA202TheWriteIsBelievedAndTrusted(t *testing.T) {
+	b := newBelief(t)
+	b.Read(readState(t, stored), "d0", "100", false, 1, true)
+	res, prepared := decided(t, b, `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/b"}],"secrets_conf_version":0}`)
+	b.Answered(Outcome{Status: 202, Digest: "c1+x", LastModified: "101", Res: res, Prepared: prepared, Dials: 1, Counted: true})
+	if !b.Trusts(1, true) {
+		t.Fatal("a 202 on the decide connection must leave the state trusted")
+	}
+	if b.Trusts(2, true) {
+		t.Fatal("a re-opened connection (another dial) must end the trust")
+	}
+	if v := b.State().Version("routes"); v != 5 || b.Digest() != "c1+x" || b.LastModified() != "101" {
+		t.Fatalf("state after the 202: routes %v, %q %q", v, b.Digest(), b.LastModified())
+	}
+	k := b.Kept()
+	if k == nil || k.Versions["routes"] != 5 || string(k.Items["routes"]) != `[{"id":"r1","uri":"/b"}]` ||
+		string(k.Items["secrets"]) != `[{"id":"vault/1","uri":"http://v"}]` {
+		t.Fatalf("kept after the 202: %+v", k)
+	}
+	if s := b.Snapshot(); s.Digest != "c1+x" || s.Kept != k {
+		t.Fatalf("snapshot %+v", s)
+	}
+	// the same client copy again is unchanged by the record: raised, nothing to read
+	res, _ = decided(t, b, `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/b"}],"secrets_conf_version":0}`)
+	if res.Bumps() {
+		t.Fatalf("the record's own write decided as a bump: %s", res.Actions())
+	}
+}
+
+func TestA204ChangesTheRecordOnlyForTheNoOpPut(t *testing.T) {
+	b := newBelief(t)
+	b.Read(readState(t, stored), "d0", "100", false, 1, true)
+	record := b.Record()
+	res, prepared := decided(t, b, `{"routes_conf_version":3,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":0}`)
+	b.Answered(Outcome{Status: 204, Res: res, Prepared: prepared, Dials: 1, Counted: true}) // the client's own digest
+	if b.Record() != record {
+		t.Fatal("a 204 to the client's digest proves nothing about the body: the record must not move")
+	}
+	b.Answered(Outcome{Status: 204, Res: res, Prepared: prepared, NoOp: true, Dials: 1, Counted: true})
+	if b.Record() == record {
+		t.Fatal("a 204 to confshim's no-op PUT confirms the body: the record must follow it")
+	}
+	if b.State() == nil || b.Digest() != "d0" {
+		t.Fatal("a 204 leaves the data plane as it was")
+	}
+}
+
+func TestARejectionEndsTheTrustAndKeepsTheState(t *testing.T) {
+	b := newBelief(t)
+	b.Read(readState(t, stored), "d0", "100", false, 1, true)
+	res, prepared := decided(t, b, `{"routes_conf_version":5,"routes":[{"id":"r1","plugins":{"nope":{}}}],"secrets_conf_version":0}`)
+	kept := b.Kept()
+	b.Answered(Outcome{Status: 400, Res: res, Prepared: prepared, Dials: 1, Counted: true})
+	if b.Trusts(1, true) {
+		t.Fatal("after a rejection the next sync must read first")
+	}
+	if b.State() == nil || b.State().Version("routes") != 3 || b.Kept() != kept {
+		t.Fatal("nothing was stored: the state and the kept configuration stand")
+	}
+}
+
+func TestAnUntouchedBodyThatLandedForgetsEverything(t *testing.T) {
+	b := newBelief(t)
+	b.Read(readState(t, stored), "d0", "100", false, 1, true)
+	b.Answered(Outcome{Status: 202, Digest: "x", LastModified: "101"})
+	if b.State() != nil || b.Record() != nil || b.Kept() != nil || !b.RefreshDue() {
+		t.Fatal("a body confshim did not decide landed: it knows nothing and the watch reads back")
+	}
+	// and the next read blames nobody
+	if moved := b.Read(readState(t, `{"routes_conf_version":9,"secrets_conf_version":1}`), "x", "101", false, 1, true); len(moved) != 0 {
+		t.Fatalf("moves after an untouched write: %+v", moved)
+	}
+}
+
+func TestABackfillForgetsTheCorrectedSections(t *testing.T) {
+	b := newBelief(t)
+	b.Read(readState(t, stored), "d0", "100", false, 1, true)
+	res, prepared := decided(t, b, `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/b"}],"secrets_conf_version":0}`)
+	b.Answered(Outcome{Status: 202, Digest: "c1+b", LastModified: "101", Res: res, Prepared: prepared, Dials: 1, Counted: true})
+	body := `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/b"}],"secrets_conf_version":0}`
+	if _, err := rw.Decide(mustPrepare(t, body), rewrite.Input{Body: []byte(body), State: b.State(), Record: b.Record()}); err != nil {
+		t.Fatalf("before the backfill the record vouches for routes: %v", err)
+	}
+	b.Backfilled([]string{"routes"}, nil)
+	if _, err := rw.Decide(mustPrepare(t, body), rewrite.Input{Body: []byte(body), State: b.State(), Record: b.Record()}); !errors.Is(err, rewrite.ErrStateIncomplete) {
+		t.Fatalf("routes' content is a correction, not the client's copy: deciding must read the items, got %v", err)
+	}
+	// a second step moved versions: the state is read again, the kept one read back, and
+	// the versions believed follow the second PUT
+	b.Backfilled([]string{"routes"}, map[string]float64{"routes": 6})
+	if b.State() != nil || b.Kept() != nil || !b.RefreshDue() {
+		t.Fatal("after a second step the state and the kept configuration are read again")
+	}
+	moved := b.Read(readState(t, `{"routes_conf_version":6,"secrets_conf_version":1}`), "c1+b+2", "102", false, 1, true)
+	if len(moved) != 0 {
+		t.Fatalf("the second step's own versions counted as an out-of-band write: %+v", moved)
+	}
+}
+
+func mustPrepare(t *testing.T, body string) *rewrite.Prepared {
+	t.Helper()
+	p, err := rw.Prepare([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestAReseedIsBelievedAsTheKeptConfiguration(t *testing.T) {
+	b := newBelief(t)
+	k := KeptFromState(readState(t, stored), "d0", "100", nil)
+	b.Read(readState(t, `{"routes_conf_version":0,"secrets_conf_version":0}`), "", "", false, 2, true) // restarted empty
+	if !b.Empty(false) {
+		t.Fatal("a state without X-Last-Modified is an empty data plane")
+	}
+	b.Reseeded(k, "d0", "200", 2, true)
+	if b.Empty(false) || !b.Trusts(2, true) || b.State().Version("secrets") != 1 || b.Kept().LastModified != "200" {
+		t.Fatalf("after the re-seed: %+v %+v", b.State(), b.Kept())
+	}
+	if moved := b.Read(readState(t, stored), "d0", "200", false, 2, true); len(moved) != 0 {
+		t.Fatalf("the re-seed's versions counted as an out-of-band write: %+v", moved)
+	}
+}
+
+func TestAnOutOfBandWriteIsLearntOnce(t *testing.T) {
+	b := newBelief(t)
+	b.Read(readState(t, stored), "d0", "100", false, 1, true)
+	oob := `{"routes_conf_version":3,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":2,"secrets":[{"id":"vault/2","uri":"http://v"}]}`
+	moved := b.Read(readState(t, oob), "oob", "150", false, 1, true)
+	if !slices.Equal(moved, []Move{{Section: "secrets", From: 1, To: 2}}) {
+		t.Fatalf("moves %+v, want secrets 1 -> 2", moved)
+	}
+	if again := b.Read(readState(t, oob), "oob", "150", false, 1, true); len(again) != 0 {
+		t.Fatalf("the same write learnt twice: %+v", again)
+	}
+	// a restarted, empty data plane is nobody's write, and neither is the first read
+	if moved := b.Read(readState(t, `{"routes_conf_version":0,"secrets_conf_version":0}`), "", "", false, 2, true); len(moved) != 0 {
+		t.Fatalf("a restart counted as a write: %+v", moved)
+	}
+	fresh := newBelief(t)
+	if moved := fresh.Read(readState(t, oob), "oob", "150", false, 1, true); len(moved) != 0 {
+		t.Fatalf("the first read counted as a write: %+v", moved)
+	}
+	// a conflict doubts the state but keeps what was believed, to tell what moved
+	b.Read(readState(t, oob), "oob", "150", false, 1, true)
+	b.Doubt()
+	moved = b.Read(readState(t, `{"routes_conf_version":4,"secrets_conf_version":2}`), "oob2", "160", false, 1, true)
+	if !slices.Equal(moved, []Move{{Section: "routes", From: 3, To: 4}}) {
+		t.Fatalf("after a conflict: %+v, want routes 3 -> 4", moved)
+	}
+}
+
+func TestTheLockIsOneAtATime(t *testing.T) {
+	b, _ := New(Options{})
+	if !b.TryLock() || b.TryLock() {
+		t.Fatal("TryLock must take a free lock and refuse a held one")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if b.Lock(ctx) {
+		t.Fatal("Lock must give up when its context ended")
+	}
+	b.Unlock()
+	if !b.Lock(context.Background()) {
+		t.Fatal("the lock was not given back")
+	}
+	b.Unlock()
+}
