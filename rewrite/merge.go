@@ -261,7 +261,6 @@ func allOwned(items []arrayItem, owned []string) bool {
 
 // decideMerged is decideSection for a --merge section.
 func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher, res *Result) (o outcome, change Change, changed bool, err error) {
-	obj := &p.obj
 	vi, ii := sl.version, sl.items
 	vR, present, err := p.sectionVersion(section, vi)
 	if err != nil {
@@ -280,29 +279,17 @@ func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits
 	if entry, ok := in.Record.entry(section); ok && entry.version == vS && entry.sum == o.sum && knows && dpKnows {
 		o.fp, o.fpKnown, o.applied = entry.fp, entry.fpKnown, vS
 		res.owned[section] = owned
-		if present && vR == vS {
-			return o, change, false, nil
+		changed = keepVersion(&change, present, vR, vS)
+		if changed {
+			e.setVersion(&p.obj, vi, section, vS)
 		}
-		change.Action, change.To = Raised, vS
-		if present && vR > vS {
-			change.Action = Settled
-		}
-		e.setVersion(obj, vi, section, vS)
-		return o, change, true, nil
+		return o, change, changed, nil
 	}
 	if !in.State.ItemsKnown {
 		return o, change, false, ErrStateIncomplete
 	}
 	if p.yaml {
-		// YAML items are never read (§5.6). While the data plane holds only items the
-		// client owns there is nothing to keep: the client's copy goes as for a managed
-		// section. Otherwise the union would have to be written into the client's YAML.
-		theirs, err := splitItems(section, in.State.Items[section])
-		if err == nil && knows && allOwned(theirs, owned) {
-			res.owned[section] = owned
-			return rw.decideSection(section, sl, p, e, in, h)
-		}
-		return o, change, false, &RefuseError{Reason: fmt.Sprintf("YAML body: %s is merged (--merge) and the data plane holds items the client may not own; confshim writes a merged section in JSON only: send this configuration as JSON", clip(section))}
+		return rw.decideMergedYAML(section, sl, p, e, in, h, res, owned, knows)
 	}
 	ownedNow := owned // nil without a memory of ownership: nothing is deleted
 	if !knows {
@@ -315,31 +302,60 @@ func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits
 	res.owned[section] = ids
 	res.Merges = append(res.Merges, MergeReport{Section: section, ClientOwned: len(ids), Kept: kept, Unowned: !knows && kept > 0, KeptIDs: keptIDs})
 	o.fp, o.fpKnown = h.sectionFingerprint(section, merged), true
-	eq := o.fp == h.sectionFingerprint(section, in.State.Items[section])
-	switch {
-	case eq && present && vR == vS:
+	if o.fp == h.sectionFingerprint(section, in.State.Items[section]) { // the union is what it holds
 		o.applied = vS
-		return o, change, false, nil
-	case eq:
-		change.Action, change.To = Raised, vS
-		if present && vR > vS {
-			change.Action = Settled
+		changed = keepVersion(&change, present, vR, vS)
+		if changed {
+			e.setVersion(&p.obj, vi, section, vS)
 		}
-	default:
-		next, ok := nextStorable(vS)
-		if present && vR > vS && storable(vR) > vS {
-			next = storable(vR)
-		} else if !ok {
-			return o, change, false, unstorable(section, vS)
-		}
-		change.Action, change.To = Bumped, next
-		if kept > 0 {
-			change.Action = Merged
-			if ii >= 0 {
-				e.newValue[ii] = merged
-			} else {
-				e.inserts = append(e.inserts, insert{[]byte(section), merged})
-			}
+		return o, change, changed, nil
+	}
+	return rw.applyUnion(section, o, change, vi, ii, vR, present, vS, merged, kept, e, &p.obj)
+}
+
+// keepVersion is the decision to keep the data plane's copy of a section at its
+// version vS: raised (settled when the client's version was above); false when the
+// client already sent vS.
+func keepVersion(change *Change, present bool, vR, vS float64) bool {
+	if present && vR == vS {
+		return false
+	}
+	change.Action, change.To = Raised, vS
+	if present && vR > vS {
+		change.Action = Settled
+	}
+	return true
+}
+
+// decideMergedYAML: YAML items are never read (§5.6). While the data plane holds only
+// items the client owns there is nothing to keep: the client's copy goes as for a
+// managed section. Otherwise the union would have to be written into the client's YAML.
+func (rw *Rewriter) decideMergedYAML(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher, res *Result, owned []string, knows bool) (outcome, Change, bool, error) {
+	theirs, err := splitItems(section, in.State.Items[section])
+	if err == nil && knows && allOwned(theirs, owned) {
+		res.owned[section] = owned
+		return rw.decideSection(section, sl, p, e, in, h)
+	}
+	return outcome{}, Change{}, false, &RefuseError{Reason: fmt.Sprintf("YAML body: %s is merged (--merge) and the data plane holds items the client may not own; confshim writes a merged section in JSON only: send this configuration as JSON", clip(section))}
+}
+
+// applyUnion sends a merged union that differs from the data plane's copy: at the
+// client's version when it is above vS, else bumped; with the union's items in place
+// of the client's when items were kept (merged).
+func (rw *Rewriter) applyUnion(section string, o outcome, change Change, vi, ii int, vR float64, present bool, vS float64, merged []byte, kept int, e *edits, obj *object) (outcome, Change, bool, error) {
+	next, ok := nextStorable(vS)
+	if present && vR > vS && storable(vR) > vS {
+		next = storable(vR)
+	} else if !ok {
+		return o, change, false, unstorable(section, vS)
+	}
+	change.Action, change.To = Bumped, next
+	if kept > 0 {
+		change.Action = Merged
+		if ii >= 0 {
+			e.newValue[ii] = merged
+		} else {
+			e.inserts = append(e.inserts, insert{[]byte(section), merged})
 		}
 	}
 	o.applied = change.To
