@@ -97,14 +97,7 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 	var splice rewrite.Splice
 	var held []heldItem
 	for round := 0; ; round++ {
-		var found []rejected
-		var ok bool
-		if round == 0 && p.api.HasValidate() {
-			found, ok = pr.validateItems(ctx, forwarded)
-		} else if m := prefixMessage.FindStringSubmatch(errorMessage(respBody)); m != nil && !p.api.HasValidate() && round < maxPrefixRounds {
-			i, _ := strconv.Atoi(m[2])
-			found, ok = []rejected{{section: m[1], index: i, err: strings.TrimPrefix(errorMessage(respBody), m[0])}}, true
-		}
+		found, ok := pr.rejections(ctx, round, forwarded, respBody)
 		if !ok || len(found) == 0 {
 			if round == 0 {
 				p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackUnavailable)).Inc()
@@ -130,14 +123,7 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 		if err != nil {
 			return nil, nil
 		}
-		next := outgoingPut{body: corrected, digest: out.digest, setDigest: out.setDigest}
-		if pr.in.HasDigest {
-			base := out.digest
-			if !out.setDigest {
-				base = pr.in.Digest
-			}
-			next.digest, next.setDigest = base+"+backfill:"+heldHash(held), true
-		}
+		next := pr.corrected(out, corrected, held)
 		if ctx.Err() != nil { // the deadline: nothing corrected was sent, the first answer stands
 			pr.unavailable("the PUT's deadline passed before the corrected PUT", ctx.Err())
 			return nil, nil
@@ -167,6 +153,38 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 		}
 		respBody = r2.Body // 3.13/3.14: the next round names the next item
 	}
+}
+
+// rejections are the items APISIX rejects in this round: validate's answer (3.15+, the
+// first round), or the PUT's own "invalid <key> at index <i>" message (3.13/3.14, one a
+// round, at most maxPrefixRounds). ok is false when APISIX did not say.
+func (pr *putRequest) rejections(ctx context.Context, round int, forwarded *rewrite.Prepared, respBody []byte) ([]rejected, bool) {
+	if pr.p.api.HasValidate() {
+		if round > 0 {
+			return nil, false
+		}
+		return pr.validateItems(ctx, forwarded)
+	}
+	m := prefixMessage.FindStringSubmatch(errorMessage(respBody))
+	if m == nil || round >= maxPrefixRounds {
+		return nil, false
+	}
+	i, _ := strconv.Atoi(m[2])
+	return []rejected{{section: m[1], index: i, err: strings.TrimPrefix(errorMessage(respBody), m[0])}}, true
+}
+
+// corrected is the corrected PUT: its body, and a digest of its own (another body than
+// the client's, so APISIX never answers it 204 for the client's digest).
+func (pr *putRequest) corrected(out outgoingPut, body []byte, held []heldItem) outgoingPut {
+	next := outgoingPut{body: body, digest: out.digest, setDigest: out.setDigest}
+	if pr.in.HasDigest {
+		base := out.digest
+		if !out.setDigest {
+			base = pr.in.Digest
+		}
+		next.digest, next.setDigest = base+"+backfill:"+heldHash(held), true
+	}
+	return next
 }
 
 // fallBack is §8.5 after APISIX answered a decided PUT 400: the corrected PUT that
