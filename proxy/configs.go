@@ -316,7 +316,7 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 		// §8.4: the client's sync beat the watch to a restarted data plane; the kept
 		// configuration (out-of-band sections too) goes back first, then this sync is
 		// decided against it
-		if p.reseedLocked(ctx, time.Now(), &pr.creds) {
+		if p.watch.ReseedLocked(ctx, time.Now(), &pr.creds) {
 			st = p.dp.State()
 		}
 	}
@@ -599,8 +599,8 @@ func (p *Proxy) answered(pr *putRequest, ans *apisix.Answer, res *rewrite.Result
 	dials, counted := p.api.DialCount()
 	unowned := p.dp.Answered(dataplane.Outcome{Status: ans.Status, Digest: ans.Header.Get("X-Digest"), LastModified: ans.Header.Get("X-Last-Modified"),
 		Res: res, Prepared: prepared, NoOp: out.noop, Dials: dials, Counted: counted})
-	if ans.Status/100 == 2 && p.dp.Keeps() {
-		p.watchCreds = pr.creds // memory only
+	if ans.Status/100 == 2 && p.watch != nil {
+		p.watch.Accepted(pr.creds) // for re-seeding; memory only
 	}
 	for _, m := range unowned {
 		p.log.Warn().Str("event", "merge_unowned").Str("section", rewrite.Clip(m.Section)).Int("kept", m.Kept).

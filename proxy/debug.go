@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -362,7 +363,7 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 		}
 		if kept != nil { // immutable: counted outside any lock
 			doc.Kept.Digest, doc.Kept.LastModified = clipString(kept.Digest, maxDebugDigest), clipString(kept.LastModified, maxDebugDigest)
-			for i, s := range sortedKeys(kept.Versions) {
+			for i, s := range slices.Sorted(maps.Keys(kept.Versions)) {
 				if i == maxDebugSections {
 					break
 				}

@@ -21,7 +21,6 @@ import (
 const (
 	learntByConflict = "version_conflict" // APISIX refused a PUT decided on the old versions
 	learntByReread   = "re_read"          // the state read before a PUT found another digest
-	learntByWatch    = "watch"            // the watch's look at the configuration
 )
 
 // maxOutOfBand is how many out-of-band writes /debug/config lists.

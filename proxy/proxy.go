@@ -24,6 +24,7 @@ import (
 
 	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/internal/dataplane"
+	"github.com/confshim/confshim/internal/reseed"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -82,8 +83,8 @@ type Proxy struct {
 
 	// dp is what confshim believes about the data plane; its PUT lock serialises
 	// configs PUTs and guards watchCreds, held and heldCorrection too.
-	dp         *dataplane.Belief
-	watchCreds apisix.Credentials // the last accepted caller's, for re-seeding; memory only
+	dp    *dataplane.Belief
+	watch *reseed.Watcher // nil with --reseed-interval 0
 
 	lastAnswer     atomic.Int64                   // unix nanos of the upstream's last HTTP answer
 	bufs           buffers                        // request and rewrite buffers
@@ -128,9 +129,6 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.ReadyWindow <= 0 {
 		cfg.ReadyWindow = 10 * time.Second
-	}
-	if cfg.WatchSafetyInterval <= 0 {
-		cfg.WatchSafetyInterval = safetyCheckInterval
 	}
 	if cfg.BodyBudgetWait <= 0 {
 		cfg.BodyBudgetWait = 10 * time.Second
@@ -185,6 +183,11 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.Logger.Info().Str("event", "state_file").Int("sections", len(k.Versions)).Msg("loaded the kept configuration from --state-dir")
 	}
 	p.dp = dp
+	if cfg.ReseedInterval > 0 {
+		p.watch = reseed.New(reseed.Config{Interval: cfg.ReseedInterval, SafetyInterval: cfg.WatchSafetyInterval, AdminKey: cfg.AdminKey,
+			API: api, Belief: dp, Metrics: cfg.Metrics, Log: cfg.Logger, ReadState: p.readState,
+			OnMoves: p.noteMoves, OnReseed: p.noteReseed})
+	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
 		Transport:     p.api.Shared(),
@@ -381,4 +384,23 @@ func (p *Proxy) writeError(w http.ResponseWriter, status int, msg string) {
 		ErrorMsg string `json:"error_msg"`
 	}{"confshim: " + msg})
 	_, _ = w.Write(append(body, '\n'))
+}
+
+// StartBackground starts the data-plane watch and the state-file writer; they stop
+// when ctx ends. Wait returns once they have (the writer after flushing).
+func (p *Proxy) StartBackground(ctx context.Context) {
+	if p.watch == nil {
+		return
+	}
+	p.dp.StartWriter(ctx)
+	p.watch.Start(ctx)
+}
+
+// Wait returns when the background work started by StartBackground has stopped, the
+// last accepted configuration written to --state-dir.
+func (p *Proxy) Wait() {
+	if p.watch != nil {
+		p.watch.Wait()
+	}
+	p.dp.Wait()
 }

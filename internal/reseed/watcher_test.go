@@ -1,4 +1,4 @@
-package proxy
+package reseed
 
 import (
 	"testing"
@@ -9,7 +9,7 @@ import (
 // worker, bounded by --reseed-interval below and the minute above (contract §8.4); the
 // costs are spec §11's decode times.
 func TestLookIntervalFollowsTheCost(t *testing.T) {
-	p := &Proxy{cfg: Config{ReseedInterval: time.Second, WatchSafetyInterval: time.Minute}}
+	w := New(Config{Interval: time.Second})
 	for _, tc := range []struct {
 		name string
 		cost time.Duration
@@ -21,7 +21,7 @@ func TestLookIntervalFollowsTheCost(t *testing.T) {
 		{"40k routes (276 ms)", 276 * time.Millisecond, 55200 * time.Millisecond},
 		{"40k routes (342 ms)", 342 * time.Millisecond, time.Minute},
 	} {
-		if got := p.lookInterval(tc.cost); got != tc.want {
+		if got := w.LookInterval(tc.cost); got != tc.want {
 			t.Errorf("%s: look every %v, want %v", tc.name, got, tc.want)
 		}
 	}

@@ -1,0 +1,321 @@
+// Package reseed is the watcher (contract §8.4): an actor with a goroutine of its own
+// that notices a data plane that restarted empty, re-seeds it with the kept
+// configuration, and reads back one written behind confshim, while costing APISIX as
+// little as the belief allows.
+//
+// On APISIX every GET, HEAD or PUT of /apisix/admin/configs decodes the whole stored
+// document (≈ 0.3 s of a worker at 40,000 routes), while HEAD /apisix/admin and an empty
+// POST /configs/validate cost well under a millisecond. So:
+//
+//   - The watch pings HEAD /apisix/admin every --reseed-interval on the decide
+//     connection, which stays open between syncs. A container restart closes it; the
+//     configs HEAD that tells an empty data plane is asked on such evidence (the ping
+//     had to open a new connection, failed, or saw another Server version), when the
+//     kept configuration could not be derived, and otherwise as often as a cost budget
+//     allows (LookInterval): between --reseed-interval and once a minute.
+//   - Under the PUT lock, the state read and the PUT travel on that connection, and the
+//     PUT may not open a new one: a data plane that restarted since the state was last
+//     confirmed (read, or written by confshim's own accepted PUT) closed it, so the PUT
+//     is never sent to it, and the decision is taken again on a fresh read.
+//   - So no read is needed per sync (issue 27): while the connection that confirmed the
+//     state is the one open, a sync is decided on confshim's belief, and APISIX's own
+//     version check proves it still holds — an out-of-band write that changed a section
+//     raised its version, and a PUT decided on the old one is answered 400 "… must be
+//     greater than or equal to …", then decided again on a fresh read (§5.4). A version
+//     check cannot see a writer that set a section to exactly the version a bump would
+//     choose (to APISIX an equal version means "keep what you hold"), so a decision that
+//     bumps is checked first. Trust ends with any sign of doubt: a re-opened connection,
+//     a ping that failed or met another Server, a PUT whose answer was not a 2xx.
+package reseed
+
+import (
+	"bytes"
+	"context"
+	"maps"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/confshim/confshim/internal/apisix"
+	"github.com/confshim/confshim/internal/dataplane"
+	"github.com/confshim/confshim/metrics"
+	"github.com/confshim/confshim/rewrite"
+)
+
+// SafetyInterval bounds how long an unnoticed change can go unseen by the watch: at
+// least one configs HEAD a minute, however large the configuration.
+const SafetyInterval = time.Minute
+
+// lookBudget is the share of an APISIX worker the watch's looks may take: a look (a
+// configs HEAD) makes APISIX decode its whole stored document, ≈ 25 ms per MB, on the
+// worker that also proxies traffic.
+const lookBudget = 0.005
+
+// maxLoggedSections bounds a re-seed's log line (§5.7).
+const maxLoggedSections = 32
+
+// Learnt is how the watch learnt an out-of-band write.
+const Learnt = "watch"
+
+// Config is what the watcher needs.
+type Config struct {
+	Interval       time.Duration // --reseed-interval (> 0)
+	SafetyInterval time.Duration // the longest between looks (0: SafetyInterval)
+	AdminKey       string        // --admin-key: for the watch's own requests
+	API            *apisix.Client
+	Belief         *dataplane.Belief
+	Metrics        *metrics.Metrics
+	Log            zerolog.Logger
+	// ReadState reads and parses the data plane's configuration on the decide
+	// connection, as the PUT path does.
+	ReadState func(ctx context.Context, creds apisix.Credentials) (st *rewrite.State, digest, lastModified string, err error)
+	// OnMoves is told of the out-of-band writes a read back showed.
+	OnMoves func(moves []dataplane.Move, how string)
+	// OnReseed is told of each re-seed's outcome (result as the metric's label).
+	OnReseed func(result string, status int, took time.Duration)
+}
+
+// Watcher is the watch. Its credentials are guarded by the belief's PUT lock.
+type Watcher struct {
+	cfg   Config
+	creds apisix.Credentials // the last accepted caller's; memory only
+	bg    sync.WaitGroup
+}
+
+// New returns the watcher; Start runs it.
+func New(cfg Config) *Watcher {
+	if cfg.SafetyInterval <= 0 {
+		cfg.SafetyInterval = SafetyInterval
+	}
+	if cfg.OnMoves == nil {
+		cfg.OnMoves = func([]dataplane.Move, string) {}
+	}
+	if cfg.OnReseed == nil {
+		cfg.OnReseed = func(string, int, time.Duration) {}
+	}
+	return &Watcher{cfg: cfg}
+}
+
+// Accepted keeps the credentials of a caller whose PUT APISIX accepted, for the
+// watch's own requests when there is no --admin-key; under the PUT lock.
+func (w *Watcher) Accepted(creds apisix.Credentials) { w.creds = creds }
+
+// Start runs the watch until ctx ends; Wait returns once it has.
+func (w *Watcher) Start(ctx context.Context) {
+	w.bg.Add(1)
+	go func() {
+		defer w.bg.Done()
+		w.run(ctx)
+	}()
+}
+
+// Wait returns when the watch has stopped.
+func (w *Watcher) Wait() { w.bg.Wait() }
+
+// credentials are --admin-key, else the last accepted caller's; under the PUT lock.
+func (w *Watcher) credentials() (apisix.Credentials, bool) {
+	if w.cfg.AdminKey != "" {
+		return apisix.KeyCredentials(w.cfg.AdminKey), true
+	}
+	return w.creds, !w.creds.IsZero()
+}
+
+// LookInterval is how long the watch waits between looks with nothing suspicious seen:
+// as often as the budget allows for what the last look cost (its latency stands for the
+// decode), never more often than --reseed-interval, at least once per safety interval
+// (a minute). A few hundred routes are looked at every second or two; 40,000 (≈ 0.3 s a
+// decode) once a minute.
+func (w *Watcher) LookInterval(cost time.Duration) time.Duration {
+	d := time.Duration(float64(cost) / lookBudget)
+	return min(max(d, w.cfg.Interval), w.cfg.SafetyInterval)
+}
+
+// run pings the data plane every interval and looks at its configuration (a configs
+// HEAD) when something suggests it changed, or as the budget allows.
+func (w *Watcher) run(ctx context.Context) {
+	t := time.NewTicker(w.cfg.Interval)
+	defer t.Stop()
+	b, api := w.cfg.Belief, w.cfg.API
+	suspect := true // nothing is known at start
+	var lastServer string
+	var lastCheck time.Time
+	var lookCost time.Duration // what the last look cost (its latency)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !b.TryLock() {
+			continue // a PUT is in flight on the decide connection: it tells what a ping would
+		}
+		dials, _ := api.DialCount()
+		server, err := api.Ping(ctx, w.cfg.AdminKey)
+		n, counted := api.DialCount()
+		redialed := counted && n != dials
+		if err != nil || redialed || server != lastServer {
+			b.Distrust() // down, a new connection, or another APISIX answering
+		}
+		b.Unlock()
+		if err != nil {
+			suspect = true // unreachable or reset: it may come back empty
+			w.cfg.Log.Debug().Str("event", "watch").Str("error", apisix.SafeError(err)).Msg("the data plane did not answer the ping")
+			continue
+		}
+		if redialed || server != lastServer {
+			suspect = true // a new connection, or another APISIX answering
+		}
+		lastServer = server
+		if !suspect && !b.RefreshDue() && time.Since(lastCheck) < w.LookInterval(lookCost) {
+			continue
+		}
+		w.cfg.Log.Debug().Str("event", "watch").Bool("suspect", suspect).Msg("looking at the data plane's configuration")
+		looked, cost, ok := w.look(ctx)
+		if !ok {
+			return
+		}
+		if looked {
+			suspect, lastCheck, lookCost = false, time.Now(), cost
+		}
+	}
+}
+
+// look is the watch's look at the configuration (a configs HEAD, which costs APISIX a
+// decode of its stored document): an empty data plane is re-seeded, one that changed
+// without confshim is read back. looked says whether the data plane answered, cost how
+// long the HEAD took; ok is false when re-seeding cannot work here (APISIX 3.13).
+func (w *Watcher) look(ctx context.Context) (looked bool, cost time.Duration, ok bool) {
+	b, api := w.cfg.Belief, w.cfg.API
+	if api.NoHead() {
+		w.cfg.Log.Info().Str("event", "reseed_off").Msg("the data plane has no HEAD /apisix/admin/configs (APISIX 3.13): re-seeding is off")
+		return false, 0, false
+	}
+	creds, have := w.lookCredentials()
+	if !have {
+		return false, 0, true // nobody's key yet: nothing kept either
+	}
+	start := time.Now()
+	head, status, err := api.Head(ctx, apisix.Shared, creds)
+	cost = time.Since(start)
+	switch {
+	case status == http.StatusNotFound:
+		return false, 0, true // APISIX 3.13: said at the next tick
+	case err != nil || head == nil:
+		return false, 0, true // down, restarting or refusing the key: the next tick looks again
+	case head.LastModified == "":
+		b.Lock(context.Background())
+		defer b.Unlock()
+		w.ReseedLocked(ctx, time.Now(), nil)
+	default:
+		w.refresh(ctx, head.Digest, head.LastModified)
+	}
+	return true, cost, true
+}
+
+// lookCredentials are the watch's, read without waiting for a PUT in flight.
+func (w *Watcher) lookCredentials() (apisix.Credentials, bool) {
+	if w.cfg.AdminKey != "" {
+		return apisix.KeyCredentials(w.cfg.AdminKey), true
+	}
+	if !w.cfg.Belief.TryLock() {
+		return apisix.Credentials{}, false // a PUT is in flight: look next time
+	}
+	defer w.cfg.Belief.Unlock()
+	return w.credentials()
+}
+
+// refresh reads the data plane when it changed since the kept configuration (an
+// out-of-band write) or when the kept one could not be derived.
+func (w *Watcher) refresh(ctx context.Context, digest, lastModified string) {
+	b := w.cfg.Belief
+	b.Lock(context.Background())
+	defer b.Unlock()
+	if b.KeptIsCurrent(digest, lastModified) {
+		return
+	}
+	creds, _ := w.credentials()
+	st, d, lm, err := w.cfg.ReadState(ctx, creds)
+	if err != nil || lm == "" {
+		return
+	}
+	dials, counted := w.cfg.API.DialCount()
+	w.cfg.OnMoves(b.Refreshed(st, d, lm, w.cfg.API.NoHead(), dials, counted), Learnt)
+	w.cfg.Log.Debug().Str("event", "kept_refreshed").Msg("read the data plane's configuration back after a write confshim did not make")
+}
+
+// ReseedLocked PUTs the kept configuration back into an empty data plane; the caller
+// holds the PUT lock. A HEAD on the decide connection first checks that the data plane
+// still holds nothing, and the PUT goes on that connection: a data plane that holds
+// anything is never overwritten. caller are the caller's credentials for a re-seed
+// before a client's sync, nil for the watch's own. It reports whether the data plane
+// now holds the kept configuration.
+func (w *Watcher) ReseedLocked(ctx context.Context, foundEmpty time.Time, caller *apisix.Credentials) bool {
+	b, api, m := w.cfg.Belief, w.cfg.API, w.cfg.Metrics
+	k := b.Kept()
+	if k == nil {
+		return false
+	}
+	creds, _ := w.credentials()
+	if caller != nil {
+		creds = *caller
+	}
+	if head, _, err := api.Head(ctx, apisix.Decide, creds); err != nil || head == nil || head.LastModified != "" {
+		m.Reseed(metrics.ReseedSkipped)
+		return false // someone wrote meanwhile (or it went away again)
+	}
+	body, err := k.Body()
+	if err != nil {
+		m.Reseed(metrics.ReseedFailed)
+		return false
+	}
+	digest := k.Digest
+	if digest == "" {
+		digest = "confshim-reseed"
+	}
+	ans, err := api.PutConfig(ctx, creds, body, digest) // on the decide connection, as it is
+	if err != nil || ans.Status != http.StatusAccepted {
+		b.Doubt() // whatever it holds now is read again
+	}
+	if err != nil {
+		m.Reseed(metrics.ReseedFailed)
+		w.cfg.OnReseed(string(metrics.ReseedFailed), 0, time.Since(foundEmpty))
+		w.cfg.Log.Warn().Str("event", "reseed").Str("result", "failed").Str("error", apisix.SafeError(err)).Msg("re-seeding the data plane failed; retrying at the next check")
+		b.AskRefresh() // look again at the next tick
+		return false
+	}
+	took := time.Since(foundEmpty)
+	if ans.Status != http.StatusAccepted {
+		m.Reseed(metrics.ReseedFailed)
+		w.cfg.OnReseed(string(metrics.ReseedFailed), ans.Status, took)
+		w.cfg.Log.Warn().Str("event", "reseed").Str("result", "failed").Int("status", ans.Status).Str("answer", clipAnswer(ans.Body)).Msg("the data plane refused the kept configuration")
+		return false
+	}
+	m.Reseed(metrics.ReseedRestored)
+	m.ReseedDuration.Observe(took.Seconds())
+	w.cfg.OnReseed(string(metrics.ReseedRestored), ans.Status, took)
+	versions := zerolog.Dict()
+	for i, s := range slices.Sorted(maps.Keys(k.Versions)) {
+		if i == maxLoggedSections {
+			break
+		}
+		versions = versions.Float64(rewrite.Clip(s), k.Versions[s])
+	}
+	w.cfg.Log.Info().Str("event", "reseed").Str("result", "restored").Dict("versions", versions).
+		Dur("after", took).Msg("the data plane had lost its configuration; restored the kept one")
+	dials, counted := api.DialCount()
+	// the record still holds: the data plane has the same versions and content again
+	b.Reseeded(k, ans.Header.Get("X-Digest"), ans.Header.Get("X-Last-Modified"), dials, counted)
+	return true
+}
+
+// clipAnswer bounds an APISIX answer quoted in a log line.
+func clipAnswer(msg []byte) string {
+	msg = bytes.TrimSpace(msg)
+	if len(msg) > 256 {
+		return string(msg[:256]) + "…"
+	}
+	return string(msg)
+}
