@@ -19,7 +19,8 @@ import (
 // The PUT path records into it under a lock of its own, by copying small structs, so
 // reading it never waits for a PUT in flight.
 
-// maxDebugString bounds a digest or a message from a client or APISIX in the document.
+// maxDebugDigest and maxDebugMessage bound a digest and a message from a client or
+// APISIX in the document.
 const (
 	maxDebugDigest  = 128
 	maxDebugMessage = 256

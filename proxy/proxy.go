@@ -1,6 +1,9 @@
-// Package proxy is confshim's HTTP side: it forwards every Admin API request to APISIX
-// unchanged, except PUT /apisix/admin/configs, which it reads, repairs with the rewrite
-// package and forwards as one complete request (contract §4–§6).
+// Package proxy is confshim's HTTP handler: it forwards every Admin API request to
+// APISIX unchanged, except PUT /apisix/admin/configs, which it reads, decides with the
+// rewrite package against what internal/dataplane believes, and forwards as one
+// complete request through internal/apisix (contract §4–§6); when APISIX rejects an
+// item it holds it back and forwards the rest (§8.5, fallback.go). It also serves
+// /debug/config (§7). The watcher (internal/reseed) runs beside it.
 package proxy
 
 import (

@@ -1,10 +1,13 @@
 // Package rewrite decides, for one PUT /apisix/admin/configs body, what confshim
-// changes before APISIX sees it (contract §5, §8.1–§8.3): stale *_conf_version values
-// are raised or bumped, re-stamped unchanged sections are settled, preserved sections
-// are kept as the data plane holds them, and sections APISIX keeps are sent without
-// their items. It is pure: bytes and state in, bytes and a report out. Only the changed
-// version numbers and the removed items differ from the client's bytes; nothing else is
-// re-serialised, JSON or YAML.
+// changes before APISIX sees it (contract §5, §8.1–§8.3, §8.6): stale *_conf_version
+// values are raised or bumped, re-stamped unchanged sections are settled (order-free
+// sections compared as sets), preserved sections are kept as the data plane holds them,
+// merged sections go as the union of the client's items and the ones it never owned,
+// and sections APISIX keeps are sent without their items. For §8.5's fallback it splices
+// items out of a body (Splice: held back, replaced by an accepted copy or left out) and
+// finds the references that strand others. It is pure: bytes and state in, bytes and a
+// report out. Only the changed version numbers and the removed or replaced items differ
+// from the client's bytes; nothing else is re-serialised, JSON or YAML.
 package rewrite
 
 import (
@@ -86,44 +89,6 @@ func New(preserve []string) *Rewriter {
 	return &Rewriter{preserve: p, seed: maphash.MakeSeed()}
 }
 
-// Record is confshim's memory of its last accepted write: per managed section, a hash
-// of the client's bytes, the semantic fingerprint of the content the data plane then
-// held, and the version it took. A nil Record is an empty one. It is immutable;
-// Result.Commit returns the next one.
-type Record struct {
-	entries map[string]recordEntry
-}
-
-type recordEntry struct {
-	sum     uint64 // maphash of the client's raw items
-	fp      uint64 // semantic fingerprint of the section's content (when fpKnown)
-	fpKnown bool
-	version float64
-}
-
-// Without returns the record with sections forgotten (their content on the data plane
-// is not the client's: a backfilled section, §8.5).
-func (r *Record) Without(sections []string) *Record {
-	if r == nil || len(sections) == 0 {
-		return r
-	}
-	next := &Record{entries: make(map[string]recordEntry, len(r.entries))}
-	for s, e := range r.entries {
-		if !slices.Contains(sections, s) {
-			next.entries[s] = e
-		}
-	}
-	return next
-}
-
-func (r *Record) entry(section string) (recordEntry, bool) {
-	if r == nil {
-		return recordEntry{}, false
-	}
-	e, ok := r.entries[section]
-	return e, ok
-}
-
 // Input is one request to decide on.
 type Input struct {
 	Body []byte
@@ -137,110 +102,6 @@ type Input struct {
 	Buf []byte
 	// Owned is the memory of which ids the client owns in --merge sections (§8.6).
 	Owned Ownership
-}
-
-// Result is the decision for one body.
-type Result struct {
-	// Body is what to forward: the input bytes themselves when nothing changed.
-	Body []byte
-	// Changed is false when Body is the input, untouched.
-	Changed bool
-	// Changes lists the reported sections (§5.5), sorted by section.
-	Changes []Change
-	// Digest is the X-Digest to forward (the client's when nothing changed).
-	Digest string
-	// NoOp: the forwarded body leaves every section as the data plane holds it (§8.2).
-	NoOp bool
-	// Thinned lists the sections sent at the data plane's version without their items
-	// (§8.3); ThinnedBytes is what that left out.
-	Thinned      []string
-	ThinnedBytes int
-	// Merges reports each --merge section whose union was computed (§8.6).
-	Merges []MergeReport
-
-	sections []outcome
-	owned    Ownership // the client's ids in each merged section after this PUT
-}
-
-// Ownership returns the memory of ownership once the data plane accepted this body:
-// prev with every merged section this body decided replaced.
-func (r *Result) Ownership(prev Ownership) Ownership {
-	if len(r.owned) == 0 {
-		return prev
-	}
-	next := make(Ownership, len(prev)+len(r.owned))
-	for s, ids := range prev {
-		next[s] = ids
-	}
-	for s, ids := range r.owned {
-		next[s] = ids
-	}
-	return next
-}
-
-// outcome is what the data plane will hold for one section after the forwarded PUT.
-type outcome struct {
-	section  string
-	recorded bool    // a managed section whose client copy the record keeps
-	sum      uint64  // hash of the client's items
-	fp       uint64  // fingerprint of the content after the PUT (when fpKnown)
-	fpKnown  bool    //
-	applied  float64 // the version after a 202, as APISIX stores it
-	current  float64 // the data plane's version before the PUT (kept on a 204)
-	dpKnows  bool    // the data plane reported this section
-}
-
-// maxHeaderBytes bounds X-Confshim-Actions: Node's HTTP client (ADC) refuses headers
-// over 16 KiB in all.
-const maxHeaderBytes = 8 << 10
-
-// Actions renders the X-Confshim-Actions header value, "routes=raised, secrets=preserved",
-// cut at 8 KiB with ", …".
-func (r *Result) Actions() string {
-	var b strings.Builder
-	for i, c := range r.Changes {
-		entry := len(c.Section) + len(c.Action) + 3
-		if b.Len()+entry > maxHeaderBytes-len(", …") {
-			b.WriteString(", …")
-			break
-		}
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(c.Section)
-		b.WriteByte('=')
-		b.WriteString(string(c.Action))
-	}
-	return b.String()
-}
-
-// Commit returns the record after the data plane accepted the forwarded body: with
-// 202 it holds the versions the body set, with 204 the ones it had.
-func (r *Result) Commit(noContent bool) *Record {
-	rec := &Record{entries: make(map[string]recordEntry, len(r.sections))}
-	for _, o := range r.sections {
-		if !o.recorded {
-			continue
-		}
-		v := o.applied
-		if noContent {
-			v = o.current
-		}
-		rec.entries[o.section] = recordEntry{sum: o.sum, fp: o.fp, fpKnown: o.fpKnown, version: v}
-	}
-	return rec
-}
-
-// AppliedState is the data plane's state after it answered 202 to the forwarded body:
-// the versions are known exactly, the items are not.
-func (r *Result) AppliedState() *State {
-	st := &State{Versions: make(map[string]float64, len(r.sections))}
-	for _, o := range r.sections {
-		if o.dpKnows {
-			st.Versions[o.section] = o.applied
-		}
-	}
-	return st
 }
 
 // Prepared is a body scanned once, before any state is known. The proxy prepares
@@ -634,47 +495,6 @@ func clip(name string) string {
 
 // Clip is clip for the proxy's log lines.
 func Clip(name string) string { return clip(name) }
-
-// SectionOutcome is one section the data plane knows, as it stands after a 202 to the
-// forwarded body: its version, and whether its items are now the body's.
-type SectionOutcome struct {
-	Section string
-	Version float64
-	// FromBody: APISIX took the section's items from the body (its version moved);
-	// otherwise it kept what it held.
-	FromBody bool
-}
-
-// Bumps reports whether the decision chose, for some section, a version above the
-// data plane's (a bump, §5.1, or a changed merged union): where it was decided on
-// confshim's record without a fresh read, such a version could equal one an
-// out-of-band writer set meanwhile, which APISIX would take as "keep what you hold".
-func (r *Result) Bumps() bool {
-	if r == nil || len(r.Changes) == 0 {
-		return false
-	}
-	current := make(map[string]float64, len(r.sections))
-	for _, o := range r.sections {
-		current[o.section] = o.current
-	}
-	for _, c := range r.Changes {
-		if c.To > current[c.Section] {
-			return true
-		}
-	}
-	return false
-}
-
-// Outcomes lists the sections the data plane knows after a 202 to the forwarded body.
-func (r *Result) Outcomes() []SectionOutcome {
-	out := make([]SectionOutcome, 0, len(r.sections))
-	for _, o := range r.sections {
-		if o.dpKnows {
-			out = append(out, SectionOutcome{Section: o.section, Version: o.applied, FromBody: o.applied != o.current})
-		}
-	}
-	return out
-}
 
 // IsJSON reports whether the body is JSON (not YAML).
 func (p *Prepared) IsJSON() bool { return !p.yaml }
