@@ -211,6 +211,9 @@ func TestFallbackSteadyStateCostsNothingExtra(t *testing.T) {
 		res := sync1(t, c, bad)
 		mustLand(t, res)
 		mustContain(t, res.Header.Get("X-Confshim-Actions"), "routes=backfilled")
+		if d := s.proxy.DebugConfig().LastAccepted.ClientDigest; d == "" || strings.Contains(d, "+held") {
+			t.Fatalf("/debug/config client_digest %q: want the digest the client sent", d)
+		}
 	}
 	if pc.rejected.Load() != rejected || pc.validates.Load() != validates {
 		t.Fatalf("steady state: %d rejected PUTs and %d validate calls more, want none",

@@ -34,7 +34,8 @@ type putRequest struct {
 	ctx   context.Context // under the lock: the request's, bounded by the PUT's deadline
 	creds apisix.Credentials
 
-	in          rewrite.Input // the body and the client's digest
+	in          rewrite.Input // the body to decide on and its digest (a correction before the PUT replaces the client's)
+	clientSent  string        // the X-Digest the client sent, as it sent it
 	prepared    *rewrite.Prepared
 	untouched   metrics.UntouchedReason
 	prepareTime time.Duration
@@ -98,7 +99,7 @@ func (pr *putRequest) record(cw *capturingWriter) {
 	if pr.answeredByAPISIX {
 		by = "apisix"
 	}
-	pr.p.recordSync(syncRecord{start: pr.start, status: cw.status, by: by, errorMsg: cw.head, in: &pr.in,
+	pr.p.recordSync(syncRecord{start: pr.start, status: cw.status, by: by, errorMsg: cw.head, in: &pr.in, clientDigest: pr.clientSent,
 		prepared: pr.prepared, res: pr.res, forwarded: pr.forwardedDigest, bytesOut: pr.bytesOut})
 }
 
@@ -154,6 +155,7 @@ func (pr *putRequest) readBody() bool {
 	pr.releases = append(pr.releases, release)
 	if v := pr.r.Header.Values("X-Digest"); len(v) > 0 {
 		pr.in.Digest, pr.in.HasDigest = v[0], true
+		pr.clientSent = v[0]
 	}
 	return true
 }

@@ -187,15 +187,17 @@ func (p *Proxy) noteAnswer(status int) {
 
 // syncRecord is one configs PUT as it ended, for /debug/config.
 type syncRecord struct {
-	start     time.Time
-	status    int
-	by        string // "apisix" or "confshim"
-	errorMsg  []byte
-	in        *rewrite.Input
-	prepared  *rewrite.Prepared
-	res       *rewrite.Result
-	forwarded string
-	bytesOut  int
+	start    time.Time
+	status   int
+	by       string // "apisix" or "confshim"
+	errorMsg []byte
+	in       *rewrite.Input
+	// clientDigest is the X-Digest the client sent (in's may be a correction's)
+	clientDigest string
+	prepared     *rewrite.Prepared
+	res          *rewrite.Result
+	forwarded    string
+	bytesOut     int
 }
 
 // recordSync files one configs PUT. It runs once per PUT, copying small values only.
@@ -219,9 +221,7 @@ func (p *Proxy) recordSync(r syncRecord) {
 	case r.status/100 == 2:
 		accepted = &DebugSync{At: now, Status: r.status, DurationMS: line.DurationMS, BytesIn: line.BytesIn, BytesOut: r.bytesOut,
 			ForwardedDigest: clipString(r.forwarded, maxDebugDigest)}
-		if r.in != nil {
-			accepted.ClientDigest = clipString(r.in.Digest, maxDebugDigest)
-		}
+		accepted.ClientDigest = clipString(r.clientDigest, maxDebugDigest)
 		if r.res != nil {
 			accepted.ThinnedBytes = r.res.ThinnedBytes
 			accepted.Sections = debugSections(r.res)
