@@ -262,14 +262,12 @@ func allOwned(items []arrayItem, owned []string) bool {
 // decideMerged is decideSection for a --merge section.
 func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher, res *Result) (o outcome, change Change, changed bool, err error) {
 	vi, ii := sl.version, sl.items
-	vR, present, err := p.sectionVersion(section, vi)
+	o, change, vR, present, err := sectionStart(section, vi, p, in)
 	if err != nil {
 		return o, change, false, err
 	}
-	vS := in.State.Version(section)
-	_, dpKnows := in.State.Versions[section]
-	o = outcome{section: section, current: vS, dpKnows: dpKnows, recorded: true}
-	change = Change{Section: section, From: vR, FromAbsent: !present}
+	vS, dpKnows := o.current, o.dpKnows
+	o.recorded = true
 	var client []byte
 	client, o.sum = rw.itemsOf(p, ii)
 	owned, knows := in.Owned[section]

@@ -255,14 +255,11 @@ func (rw *Rewriter) sections(obj *object, st *State) []sectionRef {
 func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher) (o outcome, change Change, changed bool, err error) {
 	obj := &p.obj
 	vi, ii := sl.version, sl.items
-	vR, present, err := p.sectionVersion(section, vi)
+	o, change, vR, present, err := sectionStart(section, vi, p, in)
 	if err != nil {
 		return o, change, false, err
 	}
-	vS := in.State.Version(section)
-	_, dpKnows := in.State.Versions[section]
-	o = outcome{section: section, current: vS, dpKnows: dpKnows}
-	change = Change{Section: section, From: vR, FromAbsent: !present}
+	vS, dpKnows := o.current, o.dpKnows
 
 	if rw.preserve[section] {
 		o.applied = vS
@@ -334,6 +331,21 @@ func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edit
 	o.applied = change.To
 	e.setVersion(obj, vi, section, change.To)
 	return o, change, true, nil
+}
+
+// sectionStart is what every section's decision starts from: the client's version
+// (vR, present: a *RefuseError or *SkipError when it cannot be read) and the data
+// plane's (the outcome's current).
+func sectionStart(section string, vi int, p *Prepared, in Input) (o outcome, change Change, vR float64, present bool, err error) {
+	vR, present, err = p.sectionVersion(section, vi)
+	if err != nil {
+		return o, change, 0, false, err
+	}
+	vS := in.State.Version(section)
+	_, dpKnows := in.State.Versions[section]
+	o = outcome{section: section, current: vS, dpKnows: dpKnows}
+	change = Change{Section: section, From: vR, FromAbsent: !present}
+	return o, change, vR, present, nil
 }
 
 // itemsOf is the client's items of member ii (nil when absent) and their hash.
