@@ -69,20 +69,27 @@ func renameMetricsRule(withRoute bool) (before, after adcclient.Config) {
 	return before, after
 }
 
+// renamed lands the metrics rule as id 1, waits for the workers to apply it, then
+// syncs the rename: the stack, the client, the renamed configuration, the answer and
+// how long it took.
+func renamed(t *testing.T, o stackOptions, withRoute bool) (*stack, *adcclient.Client, adcclient.Config, *adcclient.Result, time.Duration) {
+	t.Helper()
+	s := newStack(t, o)
+	c := s.client(true)
+	before, after := renameMetricsRule(withRoute)
+	mustLand(t, sync1(t, c, before))
+	waitFor(t, "the workers to apply the first configuration", s.em.Applied)
+	start := time.Now()
+	res := sync1(t, c, after)
+	return s, c, after, res, time.Since(start)
+}
+
 // TestChunkedRenameOfTheMetricsRuleLandsInOneSync: against chunked answers both steps
 // land in the client's one sync, well within its timeout (before the fix the second
 // PUT waited for the decide connection until the client gave up).
 func TestChunkedRenameOfTheMetricsRuleLandsInOneSync(t *testing.T) {
 	var log exchangeLog
-	s := newStack(t, stackOptions{fallback: true, appliedLag: 300 * time.Millisecond, wrap: log.wrap})
-	c := s.client(true)
-	before, after := renameMetricsRule(true)
-	mustLand(t, sync1(t, c, before))
-	time.Sleep(400 * time.Millisecond) // the first configuration is applied
-	n := log.len()
-	start := time.Now()
-	res := sync1(t, c, after)
-	took := time.Since(start)
+	s, _, _, res, took := renamed(t, stackOptions{fallback: true, appliedLag: 300 * time.Millisecond, wrap: log.wrap}, true)
 	mustLand(t, res)
 	if took > 5*time.Second {
 		t.Fatalf("the sync took %s: a request waited for a connection", took)
@@ -92,8 +99,8 @@ func TestChunkedRenameOfTheMetricsRuleLandsInOneSync(t *testing.T) {
 		t.Fatalf("global rules after one sync: %s, want only the renamed rule", rules)
 	}
 	mustContain(t, s.items(t, "routes"), `"r-new"`)
-	lines := log.since(n)
-	if got := count(lines, "PUT /configs 202"); got != 2 {
+	lines := log.since(0)
+	if got := count(lines, "PUT /configs 202"); got != 3 { // the first configuration, then the rename's two
 		t.Fatalf("exchanges %q: want two accepted PUTs (corrected, then the held rule)", lines)
 	}
 	if count(lines, "PUT /configs 400") != 1 || count(lines, "POST /configs/validate 400") < 2 || count(lines, "POST /configs/validate 200") < 2 {
@@ -105,14 +112,7 @@ func TestChunkedRenameOfTheMetricsRuleLandsInOneSync(t *testing.T) {
 // second step's 2 s window; the client gets the corrected PUT's 202 at the window's
 // end, the rule stays held, and the next sync lands it.
 func TestChunkedSecondStepThatNeverPassesLandsNextSync(t *testing.T) {
-	s := newStack(t, stackOptions{fallback: true, appliedLag: 2500 * time.Millisecond})
-	c := s.client(true)
-	before, after := renameMetricsRule(false)
-	mustLand(t, sync1(t, c, before))
-	time.Sleep(2600 * time.Millisecond)
-	start := time.Now()
-	res := sync1(t, c, after)
-	took := time.Since(start)
+	s, c, after, res, took := renamed(t, stackOptions{fallback: true, appliedLag: 2500 * time.Millisecond}, false)
 	mustLand(t, res)
 	mustContain(t, res.Header.Get("X-Confshim-Actions"), "global_rules=backfilled")
 	if took < 2*time.Second || took > 4*time.Second {
@@ -121,7 +121,7 @@ func TestChunkedSecondStepThatNeverPassesLandsNextSync(t *testing.T) {
 	if rules := jsonOf(s.doc(t)["global_rules"]); strings.Contains(rules, "prometheus") {
 		t.Fatalf("global rules %s: the held rule landed although it never validated", rules)
 	}
-	time.Sleep(time.Second) // the corrected PUT is applied now
+	waitFor(t, "the workers to apply the corrected PUT", s.em.Applied)
 	res = sync1(t, c, after)
 	mustLand(t, res)
 	if rules := jsonOf(s.doc(t)["global_rules"]); !strings.Contains(rules, `"prometheus"`) {
@@ -136,14 +136,7 @@ func TestChunkedSecondStepThatNeverPassesLandsNextSync(t *testing.T) {
 // than the second step's window, the PUT's deadline ends it; the client gets the
 // corrected PUT's 202 (what was applied) in time, counted unavailable.
 func TestChunkedDeadlineAnswersWithTheLastCompleteAnswer(t *testing.T) {
-	s := newStack(t, stackOptions{fallback: true, appliedLag: 2500 * time.Millisecond, timeout: time.Second})
-	c := s.client(true)
-	before, after := renameMetricsRule(true)
-	mustLand(t, sync1(t, c, before))
-	time.Sleep(2600 * time.Millisecond)
-	start := time.Now()
-	res := sync1(t, c, after)
-	took := time.Since(start)
+	s, _, _, res, took := renamed(t, stackOptions{fallback: true, appliedLag: 2500 * time.Millisecond, timeout: time.Second}, true)
 	mustLand(t, res)
 	if took > 1800*time.Millisecond {
 		t.Fatalf("answered after %s, want within the 1 s deadline", took)

@@ -583,6 +583,14 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 	writeLua(w, http.StatusAccepted, nil)
 }
 
+// Applied reports whether the workers have applied the last accepted PUT (at once
+// without AppliedLag): a test waits for it instead of sleeping.
+func (e *Emulator) Applied() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.opts.AppliedLag <= 0 || time.Since(e.appliedAt) >= e.opts.AppliedLag
+}
+
 // applied is the document the workers have applied (the caller holds e.mu).
 func (e *Emulator) applied() table {
 	if e.opts.AppliedLag > 0 && time.Since(e.appliedAt) < e.opts.AppliedLag {
