@@ -250,7 +250,7 @@ func TestFallbackGlobalRuleMoveLandsInOneSync(t *testing.T) {
 		return cfg
 	}
 	mustLand(t, sync1(t, c, rules(map[string]any{"prometheus": map[string]any{}}, nil)))
-	time.Sleep(600 * time.Millisecond) // applied
+	waitFor(t, "the workers to apply the first rules", s.em.Applied)
 	res := sync1(t, c, rules(map[string]any{"cors": map[string]any{}}, map[string]any{"prometheus": map[string]any{}}))
 	mustLand(t, res)
 	got := jsonOf(s.doc(t)["global_rules"])

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -47,8 +48,14 @@ func waitLog(t *testing.T, s *stack, event string, n int) {
 // (a real container: about 1–2 s).
 const restartDowntime = 150 * time.Millisecond
 
-// settle lets the watcher run a few times (only where nothing may happen).
-func settle() { time.Sleep(3 * watch) }
+// watchTicks waits until the watch pinged the data plane n more times: it had its
+// chances to act (a test of something that must not happen waits for them, not for a
+// fixed time).
+func watchTicks(t *testing.T, s *stack, n int) {
+	t.Helper()
+	from := s.em.Costs().Pings
+	waitFor(t, fmt.Sprintf("%d pings of the watch", n), func() bool { return s.em.Costs().Pings >= from+n })
+}
 
 func TestReseedAfterDataPlaneRestart(t *testing.T) {
 	s := newStack(t, stackOptions{reseed: watch})
@@ -125,7 +132,7 @@ func TestNoReseedWithoutStateDirAfterConfshimRestart(t *testing.T) {
 	mustLand(t, sync1(t, s.client(true), config("v1")))
 	s.startProxy(t) // memory only: nothing kept after a restart
 	s.restartDataPlane(t, restartDowntime)
-	settle()
+	watchTicks(t, s, 3)
 	if s.em.Document() != nil {
 		t.Fatal("re-seeded from nothing")
 	}
@@ -201,9 +208,11 @@ func TestClientSyncDuringReseed(t *testing.T) {
 	for slowed.Load() { // until the re-seed PUT is in flight
 		time.Sleep(5 * time.Millisecond)
 	}
+	probes := s.em.Costs().Validates
 	done := make(chan int, 1)
 	go func() { done <- sync1(t, c, config("v2")).Status }()
-	time.Sleep(2 * watch) // the client's sync waits for the PUT lock
+	// the client's sync was probed: it goes on to wait for the PUT lock the re-seed holds
+	waitFor(t, "the client's sync to be probed", func() bool { return s.em.Costs().Validates > probes })
 	close(release)
 	if status := <-done; status/100 != 2 {
 		t.Fatalf("the client's sync during the re-seed: %d", status)
@@ -216,7 +225,8 @@ func TestClientSyncDuringReseed(t *testing.T) {
 func TestReseedOffOnAPISIX313(t *testing.T) {
 	s := newStack(t, stackOptions{reseed: watch, version: "3.13.0"})
 	mustLand(t, sync1(t, s.client(true), config("v1")))
-	settle()
+	// the watch says so and stops: no more pings after it
+	waitFor(t, "re-seeding declared off", func() bool { return strings.Contains(s.logs.String(), `"event":"reseed_off"`) })
 	if n := strings.Count(s.logs.String(), `"event":"reseed_off"`); n != 1 {
 		t.Fatalf("want re-seeding declared off once, said %d times", n)
 	}
