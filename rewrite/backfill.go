@@ -1,7 +1,6 @@
 package rewrite
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -125,15 +124,21 @@ var referenceFields = []struct{ field, section string }{
 	{"service_id", "services"}, {"upstream_id", "upstreams"}, {"plugin_config_id", "plugin_configs"}, {"group_id", "consumer_groups"},
 }
 
-// References lists an item's references by id.
+// References lists an item's references by id, by a scan of its top-level members (no
+// decode: a fallback looks at every item of the PUT). A field given twice counts as
+// lua-cjson reads it: the last one.
 func References(item []byte) []Reference {
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(item, &fields) != nil {
-		return nil
-	}
+	found := make([][]byte, len(referenceFields))
+	eachMember(item, func(name string, value []byte) {
+		for i, f := range referenceFields {
+			if name == f.field {
+				found[i] = value
+			}
+		}
+	})
 	var out []Reference
-	for _, f := range referenceFields {
-		if id := idText(fields[f.field]); id != "" {
+	for i, f := range referenceFields {
+		if id := idText(found[i]); id != "" {
 			out = append(out, Reference{Section: f.section, ID: id})
 		}
 	}

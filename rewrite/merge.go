@@ -142,36 +142,14 @@ func CountItems(raw []byte) int {
 // is valid JSON: the body was scanned), without decoding the rest.
 func itemID(section string, item []byte) string {
 	var id, username []byte
-	i := skipWS(item, 0)
-	if i >= len(item) || item[i] != '{' {
-		return ""
-	}
-	for i = skipWS(item, i+1); i < len(item) && item[i] == '"'; {
-		keyStart, keyEnd := i, valueEnd(item, i)
-		key := item[i+1 : max(i+1, keyEnd-1)]
-		i = skipWS(item, keyEnd)
-		if i >= len(item) || item[i] != ':' {
-			return ""
-		}
-		i = skipWS(item, i+1)
-		end := valueEnd(item, i)
-		if end <= i {
-			return ""
-		}
-		name := string(key)
-		if bytes.IndexByte(key, '\\') >= 0 { // an escaped key: as lua-cjson decodes it
-			_ = json.Unmarshal(item[keyStart:keyEnd], &name)
-		}
+	eachMember(item, func(name string, value []byte) {
 		switch name {
 		case "id":
-			id = bytes.TrimSpace(item[i:end])
+			id = value
 		case "username":
-			username = bytes.TrimSpace(item[i:end])
+			username = value
 		}
-		if i = skipWS(item, end); i < len(item) && item[i] == ',' {
-			i = skipWS(item, i+1)
-		}
-	}
+	})
 	raw := id
 	if len(raw) == 0 && section == "consumers" {
 		raw = username
@@ -179,10 +157,44 @@ func itemID(section string, item []byte) string {
 	return idText(raw)
 }
 
+// eachMember calls fn with each top-level member of a JSON object item (the name as
+// lua-cjson decodes it, the value's bytes trimmed), in order; nothing for another
+// value. A linear scan, no decode: the items were validated by the body's scan.
+func eachMember(item []byte, fn func(name string, value []byte)) {
+	i := skipWS(item, 0)
+	if i >= len(item) || item[i] != '{' {
+		return
+	}
+	for i = skipWS(item, i+1); i < len(item) && item[i] == '"'; {
+		keyStart, keyEnd := i, valueEnd(item, i)
+		key := item[i+1 : max(i+1, keyEnd-1)]
+		i = skipWS(item, keyEnd)
+		if i >= len(item) || item[i] != ':' {
+			return
+		}
+		i = skipWS(item, i+1)
+		end := valueEnd(item, i)
+		if end <= i {
+			return
+		}
+		name := string(key)
+		if bytes.IndexByte(key, '\\') >= 0 { // an escaped key: as lua-cjson decodes it
+			_ = json.Unmarshal(item[keyStart:keyEnd], &name)
+		}
+		fn(name, bytes.TrimSpace(item[i:end]))
+		if i = skipWS(item, end); i < len(item) && item[i] == ',' {
+			i = skipWS(item, i+1)
+		}
+	}
+}
+
 // idText is an id's tostring: a string's value, a number's JSON text; "" for none.
-func idText(raw json.RawMessage) string {
+func idText(raw []byte) string {
 	if len(raw) == 0 || string(raw) == "null" {
 		return ""
+	}
+	if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' && bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw[1 : len(raw)-1]) // no escapes: the string as it is
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
