@@ -48,7 +48,6 @@ type putRequest struct {
 	preHeld        []heldItem
 	preHoldDone    bool
 	clientPrepared *rewrite.Prepared // the client's own body, when it was corrected before the PUT
-	forwardedBody  []byte
 
 	// for /debug/config
 	start            time.Time
@@ -227,7 +226,6 @@ func (pr *putRequest) forward() *answer {
 		if len(pr.preHeld) > 0 && pr.in.HasDigest && !out.setDigest {
 			out.digest, out.setDigest = pr.in.Digest, true // the corrected body is not the client's
 		}
-		pr.forwardedBody = out.body
 		ans, err := pr.send(out, res)
 		if res != nil && redials < maxRedials && (errors.Is(err, apisix.ErrRedial) || apisix.ConnectionBroke(pr.r.Context(), err)) {
 			// The data plane closed the connection its state was read on (a restart, most

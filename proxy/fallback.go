@@ -51,14 +51,6 @@ func (h heldItem) stateDependent() bool {
 
 func heldKey(section, id string) string { return section + "\x00" + id }
 
-// rejected is one item APISIX rejects.
-type rejected struct {
-	section string
-	index   int
-	err     string
-	id      string // for a second step: found again by id
-}
-
 // itemLevel: a 400 about an item, not about the request or a version.
 func itemLevel(body []byte) bool {
 	msg := errorMessage(body)
@@ -78,6 +70,7 @@ type fallbackResult struct {
 	held     []heldItem
 	changed  []string           // sections whose content is a correction, not the client's decided copy
 	versions map[string]float64 // a second step's versions (above the corrected PUT's)
+	plan     *rewrite.Plan      // the correction of the forwarded body (a second step starts from it)
 }
 
 // tryFallback is called after APISIX answered a decided PUT 400; nil means the client
@@ -93,11 +86,11 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 	if err != nil {
 		return nil, nil
 	}
-	var accepted *acceptedCopies // read once, when the first item is held
-	var splice rewrite.Splice
+	var accepted *rewrite.Accepted // read once, when the first item is held
+	plan := rewrite.NewPlan(forwarded)
 	var held []heldItem
 	for round := 0; ; round++ {
-		found, ok := pr.rejections(ctx, round, forwarded, respBody)
+		found, ok := pr.rejections(ctx, round, plan, respBody)
 		if !ok || len(found) == 0 {
 			if round == 0 {
 				p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackUnavailable)).Inc()
@@ -109,7 +102,7 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 		}
 		if round > 0 { // APISIX counted in the corrected body: find the client's index
 			for i := range found {
-				found[i].index = originalIndex(&splice, found[i].section, found[i].index)
+				found[i].Index = plan.OriginalIndex(found[i].Section, found[i].Index)
 			}
 		}
 		if accepted == nil {
@@ -118,8 +111,8 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 				return nil, nil
 			}
 		}
-		held = append(held, pr.hold(forwarded, accepted, &splice, found)...)
-		corrected, err := splice.Apply(out.body)
+		held = append(held, pr.hold(plan, accepted, found)...)
+		corrected, err := plan.Apply()
 		if err != nil {
 			return nil, nil
 		}
@@ -143,7 +136,7 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 				return nil, nil
 			}
 			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackApplied)).Inc()
-			return &fallbackResult{ans: r2, out: next, prepared: prepared, held: held}, nil
+			return &fallbackResult{ans: r2, out: next, prepared: prepared, held: held, plan: plan}, nil
 		}
 		if r2.Status != http.StatusBadRequest || p.api.HasValidate() || !itemLevel(r2.Body) {
 			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackRejected)).Inc()
@@ -158,19 +151,19 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 // rejections are the items APISIX rejects in this round: validate's answer (3.15+, the
 // first round), or the PUT's own "invalid <key> at index <i>" message (3.13/3.14, one a
 // round, at most maxPrefixRounds). ok is false when APISIX did not say.
-func (pr *putRequest) rejections(ctx context.Context, round int, forwarded *rewrite.Prepared, respBody []byte) ([]rejected, bool) {
+func (pr *putRequest) rejections(ctx context.Context, round int, plan *rewrite.Plan, respBody []byte) ([]rewrite.Rejection, bool) {
 	if pr.p.api.HasValidate() {
 		if round > 0 {
 			return nil, false
 		}
-		return pr.validateItems(ctx, forwarded)
+		return pr.validateItems(ctx, plan)
 	}
 	m := prefixMessage.FindStringSubmatch(errorMessage(respBody))
 	if m == nil || round >= maxPrefixRounds {
 		return nil, false
 	}
 	i, _ := strconv.Atoi(m[2])
-	return []rejected{{section: m[1], index: i, err: strings.TrimPrefix(errorMessage(respBody), m[0])}}, true
+	return []rewrite.Rejection{{Section: m[1], Index: i, Error: strings.TrimPrefix(errorMessage(respBody), m[0])}}, true
 }
 
 // corrected is the corrected PUT: its body, and a digest of its own (another body than
@@ -238,13 +231,13 @@ func (pr *putRequest) held(fb *fallbackResult) []heldItem {
 }
 
 // validateItems asks APISIX which items of the sections the PUT carries it rejects,
-// in pieces under its 1.5 MiB cap; false when it could not say.
-func (pr *putRequest) validateItems(ctx context.Context, prepared *rewrite.Prepared) ([]rejected, bool) {
-	var found []rejected
-	for _, section := range prepared.ItemSections() {
-		raw, _ := prepared.JSONItems(section)
-		items, err := rewrite.SplitItems(section, raw)
-		if err != nil || len(items) == 0 {
+// in pieces under its 1.5 MiB cap; false when it could not say. The plan's split of
+// each section serves the correction too.
+func (pr *putRequest) validateItems(ctx context.Context, plan *rewrite.Plan) ([]rewrite.Rejection, bool) {
+	var found []rewrite.Rejection
+	for _, section := range plan.ItemSections() {
+		items := plan.Items(section)
+		if len(items) == 0 {
 			continue
 		}
 		errs, ok := pr.p.api.ValidateSection(ctx, pr.creds, section, rawItems(items))
@@ -252,7 +245,7 @@ func (pr *putRequest) validateItems(ctx context.Context, prepared *rewrite.Prepa
 			return nil, false
 		}
 		for _, e := range errs {
-			found = append(found, rejected{section: e.Section, index: e.Index, err: e.Error})
+			found = append(found, rewrite.Rejection{Section: e.Section, Index: e.Index, Error: e.Error})
 		}
 	}
 	return found, true
@@ -272,135 +265,50 @@ func rawItems(items []rewrite.Item) [][]byte {
 	return out
 }
 
-// hold adds the rejected items to the splice: each replaced by the copy of the same id
-// the data plane last accepted, or left out; then, to a fixed point, every item of the
-// PUT that refers by id to an item left out.
-func (pr *putRequest) hold(prepared *rewrite.Prepared, accepted *acceptedCopies, splice *rewrite.Splice, found []rejected) []heldItem {
-	sections := map[string][]rewrite.Item{}
-	itemsOf := func(section string) []rewrite.Item {
-		if items, ok := sections[section]; ok {
-			return items
-		}
-		raw, _ := prepared.JSONItems(section)
-		items, _ := rewrite.SplitItems(section, raw)
-		sections[section] = items
-		return items
-	}
+// hold adds the rejected items to the plan (rewrite.Plan.Hold: backfilled or left out,
+// and what they strand), and keeps for each what the next syncs need: its content's
+// fingerprint, since when, on which APISIX. It says each newly held item once.
+func (pr *putRequest) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found []rewrite.Rejection) []heldItem {
 	now := time.Now()
 	var held []heldItem
-	leftOut := map[rewrite.Reference]bool{}
-	holdOne := func(section string, index int, why string) {
-		items := itemsOf(section)
-		if index < 0 || index >= len(items) || splice.Held(section, index) {
-			return
-		}
-		it := items[index]
-		h := heldItem{Section: section, ID: it.ID, Error: clipString(why, maxDebugMessage), Since: now,
-			sum: pr.p.rw.ItemFingerprint(it.Raw), raw: it.Raw, server: pr.p.api.Server()}
-		if prev, ok := pr.p.held[heldKey(section, it.ID)]; ok && prev.sum == h.sum {
-			h.Since = prev.Since
-		}
-		if copyOf, ok := accepted.lookup(section, it.ID); ok && it.ID != "" {
-			splice.Hold(section, index, copyOf)
-			h.Backfilled = true
+	for _, h := range plan.Hold(found, accepted) {
+		item := heldItem{Section: h.Section, ID: h.ID, Error: clipString(h.Error, maxDebugMessage), Since: now, Backfilled: h.Backfilled,
+			sum: pr.p.rw.ItemFingerprint(h.Raw), raw: h.Raw, server: pr.p.api.Server()}
+		prev, seen := pr.p.held[heldKey(h.Section, h.ID)]
+		if seen && prev.sum == item.sum {
+			item.Since = prev.Since // said when it was first held back
 		} else {
-			splice.Hold(section, index, nil)
-			leftOut[rewrite.Reference{Section: section, ID: it.ID}] = true
-		}
-		held = append(held, h)
-	}
-	for _, r := range found {
-		holdOne(r.section, r.index, r.err)
-	}
-	for changed := len(leftOut) > 0; changed; { // only an item left out can strand another
-		changed = false
-		for _, section := range prepared.ItemSections() {
-			for i, it := range itemsOf(section) {
-				if splice.Held(section, i) {
-					continue
-				}
-				for _, ref := range rewrite.References(it.Raw) {
-					if leftOut[ref] {
-						holdOne(section, i, "refers to "+ref.Section+" "+rewrite.Clip(ref.ID)+", which is held back")
-						changed = true
-						break
-					}
-				}
+			outcome := "left_out"
+			if item.Backfilled {
+				outcome = "backfilled"
 			}
+			pr.p.log.Warn().Str("event", "held_back").Str("section", rewrite.Clip(item.Section)).Str("id", rewrite.Clip(item.ID)).
+				Str("outcome", outcome).Str("error", item.Error).Msg("APISIX rejects this item; the rest of the sync goes on without it")
 		}
-	}
-	for _, h := range held {
-		if prev, ok := pr.p.held[heldKey(h.Section, h.ID)]; ok && prev.sum == h.sum {
-			continue // said when it was first held back
-		}
-		outcome := "left_out"
-		if h.Backfilled {
-			outcome = "backfilled"
-		}
-		pr.p.log.Warn().Str("event", "held_back").Str("section", rewrite.Clip(h.Section)).Str("id", rewrite.Clip(h.ID)).
-			Str("outcome", outcome).Str("error", h.Error).Msg("APISIX rejects this item; the rest of the sync goes on without it")
+		held = append(held, item)
 	}
 	return held
 }
 
-// acceptedCopies finds the copies of items the data plane last accepted, by section
-// and id: the kept configuration, else the data plane's own copy. A section is split
-// only when an item of it is looked up.
-type acceptedCopies struct {
-	items    map[string][]byte
-	sections map[string]map[string][]byte
-}
-
-func (pr *putRequest) acceptedCopies(ctx context.Context) (*acceptedCopies, error) {
+// acceptedCopies are the copies of items the data plane last accepted: the kept
+// configuration, else the data plane's own copy (read when not known).
+func (pr *putRequest) acceptedCopies(ctx context.Context) (*rewrite.Accepted, error) {
 	p := pr.p
-	a := &acceptedCopies{sections: map[string]map[string][]byte{}}
 	switch {
 	case p.dp.Kept() != nil:
-		a.items = map[string][]byte{}
+		items := map[string][]byte{}
 		for s, raw := range p.dp.Kept().Items {
-			a.items[s] = raw
+			items[s] = raw
 		}
+		return rewrite.NewAccepted(items), nil
 	case p.dp.State() != nil && p.dp.State().ItemsKnown:
-		a.items = p.dp.State().Items
-	default:
-		st, _, _, err := p.readState(ctx, pr.creds)
-		if err != nil {
-			return nil, err
-		}
-		a.items = st.Items
+		return rewrite.NewAccepted(p.dp.State().Items), nil
 	}
-	return a, nil
-}
-
-func (a *acceptedCopies) lookup(section, id string) ([]byte, bool) {
-	byID, ok := a.sections[section]
-	if !ok {
-		byID = map[string][]byte{}
-		list, _ := rewrite.SplitItems(section, a.items[section])
-		for _, it := range list {
-			if it.ID != "" {
-				byID[it.ID] = it.Raw
-			}
-		}
-		a.sections[section] = byID
+	st, _, _, err := p.readState(ctx, pr.creds)
+	if err != nil {
+		return nil, err
 	}
-	raw, found := byID[id]
-	return raw, found
-}
-
-// originalIndex maps an index in the corrected body's array back to the forwarded
-// body's, skipping the items left out (-1 when there is none).
-func originalIndex(splice *rewrite.Splice, section string, corrected int) int {
-	pos := -1
-	for i := 0; i <= corrected+len(splice.Items[section]); i++ {
-		if with, held := splice.Items[section][i]; held && with == nil {
-			continue
-		}
-		if pos++; pos == corrected {
-			return i
-		}
-	}
-	return -1
+	return rewrite.NewAccepted(st.Items), nil
 }
 
 // heldHash makes the corrected PUT's digest differ from the client's body's.
@@ -475,7 +383,7 @@ func (pr *putRequest) preHold(ctx context.Context) ([]byte, []heldItem) {
 	if !p.cfg.Fallback || len(p.held) == 0 || pr.prepared == nil || !pr.prepared.IsJSON() {
 		return nil, nil
 	}
-	var found []rejected
+	var found []rewrite.Rejection
 	sections := map[string]bool{}
 	stateDependent := false
 	for _, h := range p.held {
@@ -484,42 +392,23 @@ func (pr *putRequest) preHold(ctx context.Context) ([]byte, []heldItem) {
 	}
 	// The same client bytes of every held section as in the last sync, on the same
 	// APISIX, nothing to validate again: the last correction serves as it is.
-	if cached := p.heldCorrection; cached != nil && !stateDependent && cached.server == p.api.Server() {
-		replace := map[string][]byte{}
-		for section := range sections {
-			sum, ok := pr.prepared.SectionSum(section)
-			if c, have := cached.sections[section]; !ok || !have || c.clientSum != sum {
-				replace = nil
-				break
-			}
-			replace[section] = cached.sections[section].items
-		}
-		if replace != nil {
-			splice := rewrite.Splice{Replace: replace}
-			if corrected, err := splice.Apply(pr.in.Body); err == nil {
-				held := make([]heldItem, 0, len(p.held))
-				for _, h := range p.held {
-					held = append(held, h)
-				}
-				return corrected, held
-			}
-		}
+	if corrected, held := pr.lastCorrection(sections, stateDependent); corrected != nil {
+		return corrected, held
 	}
+	// Otherwise each held section is split once (the plan keeps it for the correction)
+	// and its items matched by id and content (§8.1's identity: a re-stamped
+	// modifiedIndex does not count), so ADC's re-stamped syncs are held back the same.
+	plan := rewrite.NewPlan(pr.prepared)
 	for section := range sections {
-		raw, _ := pr.prepared.JSONItems(section)
-		items, err := rewrite.SplitItems(section, raw)
-		if err != nil {
-			return nil, nil
-		}
-		for i, it := range items {
+		for i, it := range plan.Items(section) {
 			h, ok := p.held[heldKey(section, it.ID)]
-			if !ok || it.ID == "" || h.sum != p.rw.ItemFingerprint(it.Raw) || h.server != p.api.Server() {
+			if !ok || it.ID == "" || h.server != p.api.Server() || h.sum != p.rw.ItemFingerprint(it.Raw) {
 				continue // changed, or another APISIX: it goes and APISIX judges it
 			}
 			if h.stateDependent() && pr.passes(ctx, section, it.Raw) {
 				continue // the conflict is gone: it lands now
 			}
-			found = append(found, rejected{section: section, index: i, err: h.Error})
+			found = append(found, rewrite.Rejection{Section: section, Index: i, Error: h.Error})
 		}
 	}
 	if len(found) == 0 {
@@ -529,11 +418,39 @@ func (pr *putRequest) preHold(ctx context.Context) ([]byte, []heldItem) {
 	if err != nil {
 		return nil, nil
 	}
-	var splice rewrite.Splice
-	held := pr.hold(pr.prepared, accepted, &splice, found)
+	held := pr.hold(plan, accepted, found)
+	corrected, err := plan.Apply()
+	if err != nil {
+		return nil, nil
+	}
+	return corrected, held
+}
+
+// lastCorrection is the correction made before the last accepted PUT, applied again
+// when every held section carries the same client bytes on the same APISIX (and none
+// waits for what the data plane holds): no split, no validate.
+func (pr *putRequest) lastCorrection(sections map[string]bool, stateDependent bool) ([]byte, []heldItem) {
+	p := pr.p
+	cached := p.heldCorrection
+	if cached == nil || stateDependent || cached.server != p.api.Server() {
+		return nil, nil
+	}
+	replace := map[string][]byte{}
+	for section := range sections {
+		sum, ok := pr.prepared.SectionSum(section)
+		if c, have := cached.sections[section]; !ok || !have || c.clientSum != sum {
+			return nil, nil
+		}
+		replace[section] = cached.sections[section].items
+	}
+	splice := rewrite.Splice{Replace: replace}
 	corrected, err := splice.Apply(pr.in.Body)
 	if err != nil {
 		return nil, nil
+	}
+	held := make([]heldItem, 0, len(p.held))
+	for _, h := range p.held {
+		held = append(held, h)
 	}
 	return corrected, held
 }
@@ -583,12 +500,14 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 	}
 	// the forwarded body again, holding back only what still fails, the sections that
 	// change once more at a version above the corrected PUT's
-	var splice rewrite.Splice
-	var still []rejected
+	plan := fb.plan.Fresh() // the forwarded body, split once already
+	var still []rewrite.Rejection
 	versions := map[string]float64{}
 	for _, h := range fb.held {
 		if !passed[heldKey(h.Section, h.ID)] {
-			still = append(still, rejected{section: h.Section, err: h.Error, id: h.ID})
+			if i := plan.IndexOf(h.Section, h.ID); i >= 0 {
+				still = append(still, rewrite.Rejection{Section: h.Section, Index: i, Error: h.Error})
+			}
 			continue
 		}
 		for _, o := range res.Outcomes() {
@@ -599,18 +518,13 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 			}
 		}
 	}
-	base := pr.forwardedBody
-	forwarded, err := p.rw.Prepare(base)
-	if err != nil {
-		return nil
-	}
 	accepted, err := pr.acceptedCopies(ctx)
 	if err != nil {
 		return nil
 	}
-	held := pr.hold(forwarded, accepted, &splice, indexByID(forwarded, still))
-	splice.Versions = versions
-	body, err := splice.Apply(base)
+	held := pr.hold(plan, accepted, still)
+	plan.Splice.Versions = versions
+	body, err := plan.Apply()
 	if err != nil {
 		return nil
 	}
@@ -646,23 +560,6 @@ const (
 	secondStepWindow = 2 * time.Second
 	secondStepPause  = 200 * time.Millisecond
 )
-
-// indexByID finds the held items' indexes in the forwarded body.
-func indexByID(forwarded *rewrite.Prepared, held []rejected) []rejected {
-	out := make([]rejected, 0, len(held))
-	for _, h := range held {
-		raw, _ := forwarded.JSONItems(h.section)
-		items, _ := rewrite.SplitItems(h.section, raw)
-		for i, it := range items {
-			if it.ID == h.id {
-				h.index = i
-				out = append(out, h)
-				break
-			}
-		}
-	}
-	return out
-}
 
 // noteHeld records the items held back in the last accepted sync: metrics, /debug/config.
 func (p *Proxy) noteHeld(held []heldItem) {

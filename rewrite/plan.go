@@ -1,0 +1,175 @@
+package rewrite
+
+// The fallback's policy (contract §8.5), pure: given a body, the items APISIX rejects
+// and the copies the data plane last accepted, which items are held back — each
+// replaced by its accepted copy (backfilled) or left out — and, to a fixed point, which
+// items of the same body refer by id to one left out and must be held back too. Time,
+// logging and the network stay with the caller.
+
+// Rejection is one item APISIX rejects: its section, its index in the body's array,
+// and APISIX's error.
+type Rejection struct {
+	Section string
+	Index   int
+	Error   string
+}
+
+// Hold is one item a plan holds back.
+type Hold struct {
+	Section, ID string
+	Error       string
+	Raw         []byte // the client's item
+	Backfilled  bool   // replaced by its accepted copy; false: left out
+}
+
+// Plan is the fallback's correction of one body: each section of it split once, each
+// item's references read once, the splice that builds the corrected body.
+type Plan struct {
+	body     *Prepared
+	items    map[string][]Item
+	refs     map[string][][]Reference
+	leftOut  map[Reference]bool
+	Splice   Splice
+}
+
+// NewPlan starts a plan for body (the body APISIX was sent).
+func NewPlan(body *Prepared) *Plan {
+	return &Plan{body: body, items: map[string][]Item{}, refs: map[string][][]Reference{}, leftOut: map[Reference]bool{}}
+}
+
+// Items is section's items in the body, split once.
+func (pl *Plan) Items(section string) []Item {
+	if items, ok := pl.items[section]; ok {
+		return items
+	}
+	raw, _ := pl.body.JSONItems(section)
+	items, _ := SplitItems(section, raw)
+	pl.items[section] = items
+	return items
+}
+
+// references is the references of each of section's items, read once.
+func (pl *Plan) references(section string) [][]Reference {
+	if refs, ok := pl.refs[section]; ok {
+		return refs
+	}
+	items := pl.Items(section)
+	refs := make([][]Reference, len(items))
+	for i, it := range items {
+		refs[i] = References(it.Raw)
+	}
+	pl.refs[section] = refs
+	return refs
+}
+
+// Hold holds back the rejected items, each replaced by its copy in accepted or left out
+// (an index out of range or already held is passed over), then every item that refers
+// by id to an item left out, to a fixed point. It returns what it newly held, in order.
+func (pl *Plan) Hold(found []Rejection, accepted *Accepted) []Hold {
+	var held []Hold
+	holdOne := func(section string, index int, why string) bool {
+		items := pl.Items(section)
+		if index < 0 || index >= len(items) || pl.Splice.Held(section, index) {
+			return false
+		}
+		it := items[index]
+		h := Hold{Section: section, ID: it.ID, Error: why, Raw: it.Raw}
+		if copyOf, ok := accepted.Lookup(section, it.ID); ok && it.ID != "" {
+			pl.Splice.Hold(section, index, copyOf)
+			h.Backfilled = true
+		} else {
+			pl.Splice.Hold(section, index, nil)
+			pl.leftOut[Reference{Section: section, ID: it.ID}] = true
+		}
+		held = append(held, h)
+		return !h.Backfilled
+	}
+	strands := false
+	for _, r := range found {
+		strands = holdOne(r.Section, r.Index, r.Error) || strands
+	}
+	for strands { // only an item left out can strand another
+		strands = false
+		for _, section := range pl.body.ItemSections() {
+			for i, refs := range pl.references(section) {
+				if pl.Splice.Held(section, i) {
+					continue
+				}
+				for _, ref := range refs {
+					if pl.leftOut[ref] {
+						strands = holdOne(section, i, "refers to "+ref.Section+" "+clip(ref.ID)+", which is held back") || strands
+						break
+					}
+				}
+			}
+		}
+	}
+	return held
+}
+
+// OriginalIndex maps an index in the corrected body's array of section back to the
+// body's, skipping the items left out (-1 when there is none).
+func (pl *Plan) OriginalIndex(section string, corrected int) int {
+	pos := -1
+	for i := 0; i <= corrected+len(pl.Splice.Items[section]); i++ {
+		if with, held := pl.Splice.Items[section][i]; held && with == nil {
+			continue
+		}
+		if pos++; pos == corrected {
+			return i
+		}
+	}
+	return -1
+}
+
+// IndexOf is the index of the item with id in section (-1 when the body has none).
+func (pl *Plan) IndexOf(section, id string) int {
+	for i, it := range pl.Items(section) {
+		if it.ID == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// Apply is the corrected body: body with the plan's splice applied.
+func (pl *Plan) Apply() ([]byte, error) { return pl.Splice.Apply(pl.body.body) }
+
+// Accepted are the copies of items the data plane last accepted, by section and id; a
+// section is split only when an item of it is looked up.
+type Accepted struct {
+	items    map[string][]byte
+	sections map[string]map[string][]byte
+}
+
+// NewAccepted takes each section's raw items (the kept configuration's, or the data
+// plane's own).
+func NewAccepted(items map[string][]byte) *Accepted {
+	return &Accepted{items: items, sections: map[string]map[string][]byte{}}
+}
+
+// Lookup is the accepted copy of section's item id.
+func (a *Accepted) Lookup(section, id string) ([]byte, bool) {
+	byID, ok := a.sections[section]
+	if !ok {
+		byID = map[string][]byte{}
+		list, _ := SplitItems(section, a.items[section])
+		for _, it := range list {
+			if it.ID != "" {
+				byID[it.ID] = it.Raw
+			}
+		}
+		a.sections[section] = byID
+	}
+	raw, found := byID[id]
+	return raw, found
+}
+
+// ItemSections are the body's sections that carry items.
+func (pl *Plan) ItemSections() []string { return pl.body.ItemSections() }
+
+// Fresh is a new plan for the same body, sharing its splits and references (a second
+// step corrects the same body anew).
+func (pl *Plan) Fresh() *Plan {
+	return &Plan{body: pl.body, items: pl.items, refs: pl.refs, leftOut: map[Reference]bool{}}
+}
