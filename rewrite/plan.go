@@ -25,11 +25,11 @@ type Hold struct {
 // Plan is the fallback's correction of one body: each section of it split once, each
 // item's references read once, the splice that builds the corrected body.
 type Plan struct {
-	body     *Prepared
-	items    map[string][]Item
-	refs     map[string][][]Reference
-	leftOut  map[Reference]bool
-	Splice   Splice
+	body    *Prepared
+	items   map[string][]Item
+	refs    map[string][][]Reference
+	leftOut map[Reference]bool
+	Splice  Splice
 }
 
 // NewPlan starts a plan for body (the body APISIX was sent).
