@@ -18,7 +18,6 @@ import (
 	"net/url"
 	"path"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -94,7 +93,6 @@ type Proxy struct {
 	budget         *bodyBudget                    // request bodies buffered at once
 	layout         atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
 	heldLayout     atomic.Pointer[rewrite.Layout] // the last body corrected before the PUT (§8.5)
-	bg             sync.WaitGroup                 // the watch
 	debug          *debugLog                      // what /debug/config shows
 	held           map[string]heldItem            // items held back in the last accepted sync (§8.5), guarded by putLock
 	heldCorrection *heldCorrection                // and how the client's bytes were corrected before the PUT

@@ -225,9 +225,7 @@ func parseOptions(args []string, lookupEnv func(string) (string, bool)) (*option
 			errs = append(errs, fmt.Errorf("--%s: %v", s.name, err))
 		}
 	}
-	for _, err := range o.combined(given["preserve"]) {
-		errs = append(errs, err)
-	}
+	errs = append(errs, o.combined(given["preserve"])...)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
