@@ -175,67 +175,90 @@ func checkItem(key string, v any) *checkError {
 			return err
 		}
 	}
-	switch key {
-	case "plugins":
-		return nil // no checker
-	case "routes":
-		if uri, ok := item["uri"]; ok {
-			if _, isStr := uri.(string); !isStr {
-				return schemaErr(`property "uri" validation failed: wrong type: expected string, got %s`, jsonSchemaType(uri))
-			}
+	if check, ok := checkers[key]; ok {
+		return check(item)
+	}
+	return nil // plugins, and sections without a checker
+}
+
+// checkers are the per-section checkers of the Admin API (schema and plugin checks).
+var checkers = map[string]func(table) *checkError{
+	"routes":          checkRoute,
+	"services":        checkWithPlugins,
+	"plugin_configs":  checkWithPlugins,
+	"consumer_groups": checkWithPlugins,
+	"global_rules":    checkWithPlugins,
+	"stream_routes":   checkWithPlugins,
+	"upstreams":       checkUpstream,
+	"consumers":       checkConsumer,
+	"secrets":         checkSecret,
+	"plugin_metadata": checkPluginMetadata,
+	"ssls":            checkSSL,
+}
+
+func checkRoute(item table) *checkError {
+	if uri, ok := item["uri"]; ok {
+		if _, isStr := uri.(string); !isStr {
+			return schemaErr(`property "uri" validation failed: wrong type: expected string, got %s`, jsonSchemaType(uri))
 		}
-		if uris, ok := item["uris"]; ok {
-			if _, isArr := uris.([]any); !isArr {
-				return schemaErr(`property "uris" validation failed: wrong type: expected array, got %s`, jsonSchemaType(uris))
-			}
+	}
+	if uris, ok := item["uris"]; ok {
+		if _, isArr := uris.([]any); !isArr {
+			return schemaErr(`property "uris" validation failed: wrong type: expected array, got %s`, jsonSchemaType(uris))
 		}
-		if up, ok := item["upstream"].(table); ok {
-			if err := checkUpstream(up); err != nil {
-				return err
-			}
+	}
+	return checkWithPlugins(item)
+}
+
+// checkWithPlugins checks an inline upstream and the plugins.
+func checkWithPlugins(item table) *checkError {
+	if up, ok := item["upstream"].(table); ok {
+		if err := checkUpstream(up); err != nil {
+			return err
+		}
+	}
+	return checkPlugins(item)
+}
+
+func checkConsumer(item table) *checkError {
+	if id, ok := item["id"].(string); ok && strings.Contains(id, "/credentials/") {
+		if !credentialIDRe.MatchString(id) || len(id) < 15 || len(id) > 128 {
+			return schemaErr(`property "id" validation failed: failed to match pattern "^[a-zA-Z0-9-_]+/credentials/[a-zA-Z0-9-_.]+$" with %q`, id)
 		}
 		return checkPlugins(item)
-	case "services", "plugin_configs", "consumer_groups", "global_rules", "stream_routes":
-		if up, ok := item["upstream"].(table); ok {
-			if err := checkUpstream(up); err != nil {
-				return err
-			}
+	}
+	if u, ok := item["username"]; ok {
+		s, isStr := u.(string)
+		if !isStr || !usernameRe.MatchString(s) {
+			return &checkError{msg: "wrong username"}
 		}
-		return checkPlugins(item)
-	case "upstreams":
-		return checkUpstream(item)
-	case "consumers":
-		if id, ok := item["id"].(string); ok && strings.Contains(id, "/credentials/") {
-			if !credentialIDRe.MatchString(id) || len(id) < 15 || len(id) > 128 {
-				return schemaErr(`property "id" validation failed: failed to match pattern "^[a-zA-Z0-9-_]+/credentials/[a-zA-Z0-9-_.]+$" with %q`, id)
-			}
-			return checkPlugins(item)
-		}
-		if u, ok := item["username"]; ok {
-			s, isStr := u.(string)
-			if !isStr || !usernameRe.MatchString(s) {
-				return &checkError{msg: "wrong username"}
-			}
-		}
-		return checkPlugins(item)
-	case "secrets":
-		id, _ := item["id"].(string)
-		if !strings.Contains(id, "/") {
-			return &checkError{msg: fmt.Sprintf("invalid secret id: %s", id)}
-		}
-	case "plugin_metadata":
-		id, ok := item["id"].(string)
-		if !ok || id == "" {
-			return &checkError{msg: "missing plugin name"}
-		}
-		if !knownPlugins[id] {
-			return &checkError{msg: "invalid plugin name"}
-		}
-	case "ssls":
-		if _, ok := item["cert"]; !ok {
-			if _, ok := item["certs"]; !ok {
-				return schemaErr(`value should match only one of the schemas`)
-			}
+	}
+	return checkPlugins(item)
+}
+
+func checkSecret(item table) *checkError {
+	id, _ := item["id"].(string)
+	if !strings.Contains(id, "/") {
+		return &checkError{msg: fmt.Sprintf("invalid secret id: %s", id)}
+	}
+	return nil
+}
+
+func checkPluginMetadata(item table) *checkError {
+	id, ok := item["id"].(string)
+	if !ok || id == "" {
+		return &checkError{msg: "missing plugin name"}
+	}
+	if !knownPlugins[id] {
+		return &checkError{msg: "invalid plugin name"}
+	}
+	return nil
+}
+
+func checkSSL(item table) *checkError {
+	if _, ok := item["cert"]; !ok {
+		if _, ok := item["certs"]; !ok {
+			return schemaErr(`value should match only one of the schemas`)
 		}
 	}
 	return nil
