@@ -490,7 +490,7 @@ func (p *Proxy) stateLimit() int64 { return 4 * p.cfg.MaxBodyBytes }
 // otherwise a GET.
 func (p *Proxy) stateFor(ctx context.Context, creds apisix.Credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
 	if !fresh && p.dp.State() != nil && !p.api.NoHead() {
-		if p.dp.Trusts(p.api.DialCount()) {
+		if p.dp.Trusts(p.api.DialCount()) && p.api.DecideOpen() {
 			return p.dp.State(), false, nil // the PUT's version check proves it (watch.go)
 		}
 		if ok, err := p.revalidate(ctx, creds); err != nil || ok {

@@ -58,6 +58,7 @@ type Client struct {
 	noValidate    atomic.Bool            // POST /configs/validate answered 404 although Server said 3.15+
 	serverMinor   atomic.Int32           // APISIX 3.<minor> from the Server header; 0 unknown
 	serverVersion atomic.Pointer[string] // the Server header as last seen
+	decideUsed    atomic.Int64           // unix nanos of the decide connection's last answer
 }
 
 // New builds the client; an error names the flag at fault.
@@ -181,6 +182,22 @@ func (c *Client) NoHead() bool { return c.noHead.Load() }
 // they are not counted (a test transport).
 func (c *Client) DialCount() (uint64, bool) { return c.tr.dialCount() }
 
+// decideIdleLimit is how long the decide connection may idle and still be expected
+// open: the transport drops an idle connection after 50 s (APISIX after 60 s).
+const decideIdleLimit = 40 * time.Second
+
+// DecideOpen: the decide connection answered recently enough to be open still (a PUT
+// that may not redial would otherwise find it dropped as idle and be decided again).
+func (c *Client) DecideOpen() bool {
+	return time.Since(time.Unix(0, c.decideUsed.Load())) < decideIdleLimit
+}
+
+func (c *Client) noteConn(conn Conn) {
+	if conn == Decide {
+		c.decideUsed.Store(time.Now().UnixNano())
+	}
+}
+
 // Meta is what HEAD /apisix/admin/configs tells: no LastModified means the data plane
 // holds nothing (nothing stored since it started).
 type Meta struct{ Digest, LastModified string }
@@ -233,6 +250,7 @@ func (c *Client) roundTrip(ctx context.Context, conn Conn, method, path, rawQuer
 	if err != nil {
 		return nil, err
 	}
+	c.noteConn(conn)
 	c.NoteAnswer(resp)
 	return c.readAnswer(resp)
 }
@@ -335,6 +353,7 @@ func (c *Client) Get(ctx context.Context, conn Conn, creds Credentials, limit in
 		return nil, Meta{}, err
 	}
 	defer resp.Body.Close()
+	c.noteConn(conn)
 	c.NoteAnswer(resp)
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
@@ -388,6 +407,7 @@ func (c *Client) Put(ctx context.Context, conn Conn, target string, header http.
 	if err != nil {
 		return nil, sent.done, err
 	}
+	c.noteConn(conn)
 	c.NoteAnswer(resp)
 	a, err := c.readAnswer(resp)
 	return a, sent.done, err
