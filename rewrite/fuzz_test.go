@@ -2,10 +2,12 @@ package rewrite
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/valyala/fastjson"
 	"golang.org/x/tools/txtar"
@@ -168,4 +170,40 @@ func sendsUnknownSection(res *Result, st *State) bool {
 		}
 	}
 	return false
+}
+
+// FuzzReferences holds the scan of an item's top-level members (References, the
+// fallback's fixed point reads it for every item) against encoding/json decoding the
+// item: the same references, for any valid JSON object.
+func FuzzReferences(f *testing.F) {
+	for _, seed := range []string{
+		`{"id":"r1","service_id":"s1","upstream_id":7}`,
+		`{"labels":{"service_id":"x"},"service_\u0069d":"s\"1","upstream_id":"u1","upstream_id":"u2"}`,
+		`{"group_id":null,"plugin_config_id":"","service_id":1.50}`,
+		` { "service_id" : "a\\b" , "x" : [ "service_id" , { } ] } `,
+		`[]`, `"service_id"`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, item []byte) {
+		var fields map[string]json.RawMessage
+		if !utf8.Valid(item) || json.Unmarshal(item, &fields) != nil || fields == nil {
+			return // References reads items of a body the scan validated: JSON objects
+		}
+		var want []Reference
+		for _, rf := range referenceFields {
+			if id := idText(fields[rf.field]); id != "" {
+				want = append(want, Reference{Section: rf.section, ID: id})
+			}
+		}
+		got := References(item)
+		if len(got) != len(want) {
+			t.Fatalf("References(%q) = %v, want %v", item, got, want)
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("References(%q) = %v, want %v", item, got, want)
+			}
+		}
+	})
 }
