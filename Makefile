@@ -80,6 +80,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzYAMLSplice$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./rewrite/
 	$(GO) test -run '^$$' -fuzz '^FuzzPrepareLike$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./rewrite/
 	$(GO) test -run '^$$' -fuzz '^FuzzBackfill$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./rewrite/
+	$(GO) test -run '^$$' -fuzz '^FuzzReferences$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./rewrite/
 	$(GO) test -run '^$$' -fuzz '^FuzzProxyPut$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./proxy/
 
 # The testcontainers tests against a real APISIX image (needs a Docker engine).
