@@ -69,6 +69,11 @@ func (s *Splice) Apply(body []byte) ([]byte, error) {
 	if err := obj.index(); err != nil {
 		return nil, err
 	}
+	return s.applyTo(body, &obj)
+}
+
+// applyTo is Apply on a body already scanned and indexed as obj (obj is only read).
+func (s *Splice) applyTo(body []byte, obj *object) ([]byte, error) {
 	e := edits{newValue: make([][]byte, len(obj.members)), drop: make([]bool, len(obj.members))}
 	sections := make([]string, 0, len(s.Items))
 	for section := range s.Items {
@@ -110,10 +115,10 @@ func (s *Splice) Apply(body []byte) ([]byte, error) {
 		e.newValue[sl.items] = items
 	}
 	for section, v := range s.Versions {
-		e.setVersion(&obj, obj.slot(section).version, section, v)
+		e.setVersion(obj, obj.slot(section).version, section, v)
 	}
 	slices.SortFunc(e.inserts, func(a, b insert) int { return strings.Compare(string(a.name), string(b.name)) })
-	return e.apply(nil, body, &obj), nil
+	return e.apply(nil, body, obj), nil
 }
 
 // Reference is an item's reference by id to an item of another section.

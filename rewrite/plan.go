@@ -132,8 +132,9 @@ func (pl *Plan) IndexOf(section, id string) int {
 	return -1
 }
 
-// Apply is the corrected body: body with the plan's splice applied.
-func (pl *Plan) Apply() ([]byte, error) { return pl.Splice.Apply(pl.body.body) }
+// Apply is the corrected body: the body with the plan's splice applied, on the body's
+// own scan (no second scan of it).
+func (pl *Plan) Apply() ([]byte, error) { return pl.Splice.applyTo(pl.body.body, &pl.body.obj) }
 
 // Accepted are the copies of items the data plane last accepted, by section and id; a
 // section is split only when an item of it is looked up.
