@@ -45,8 +45,8 @@ type putRequest struct {
 
 	// §8.5: items held back before the PUT (the steady state), and the body forwarded
 	learnt         string // how a fresh read would learn an out-of-band write
-	preHeld        []heldItem
-	preHoldDone    bool
+	heldBeforePut  []heldBack
+	holdChecked    bool
 	clientPrepared *rewrite.Prepared // the client's own body, when it was corrected before the PUT
 
 	// for /debug/config
@@ -223,7 +223,7 @@ func (pr *putRequest) forward() *answer {
 			p.m.Untouch(pr.untouched)
 		}
 		out := p.outgoing(pr.in, res)
-		if len(pr.preHeld) > 0 && pr.in.HasDigest && !out.setDigest {
+		if len(pr.heldBeforePut) > 0 && pr.in.HasDigest && !out.setDigest {
 			out.digest, out.setDigest = pr.in.Digest, true // the corrected body is not the client's
 		}
 		ans, err := pr.send(out, res)
@@ -275,7 +275,7 @@ func (pr *putRequest) forward() *answer {
 		}
 		p.count(res, out, ans)
 		p.answered(pr, ans, res, prepared, out)
-		held := pr.held(fb)
+		held := pr.allHeld(fb)
 		if ans.Status/100 == 2 {
 			pr.afterAccepted(fb)
 		}
@@ -320,16 +320,16 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 			st = p.dp.State()
 		}
 	}
-	if !pr.preHoldDone {
-		pr.preHoldDone = true
-		if corrected, held := pr.preHold(ctx); corrected != nil {
-			prepared, err := p.rw.PrepareLike(corrected, p.heldLayout.Load())
+	if !pr.holdChecked {
+		pr.holdChecked = true
+		if corrected, held := pr.holdBeforePut(ctx); corrected != nil {
+			prepared, err := p.rw.PrepareLike(corrected, p.correctedLayout.Load())
 			if err == nil {
-				p.heldLayout.Store(prepared.Layout()) // the steady state sends this one again
+				p.correctedLayout.Store(prepared.Layout()) // the steady state sends this one again
 				pr.clientPrepared = pr.prepared
-				pr.in.Body, pr.prepared, pr.preHeld = corrected, prepared, held
+				pr.in.Body, pr.prepared, pr.heldBeforePut = corrected, prepared, held
 				if pr.in.HasDigest {
-					pr.in.Digest += "+held:" + heldHash(held) // another body than the client's
+					pr.in.Digest += "+held:" + correctionHash(held) // another body than the client's
 				}
 			}
 		}
@@ -618,7 +618,7 @@ type answer struct {
 
 // actionsHeader is X-Confshim-Actions when sections were rewritten (never on APISIX's
 // refusal of the caller: that would tell a stranger the decision).
-func actionsHeader(ans *apisix.Answer, res *rewrite.Result, held []heldItem) string {
+func actionsHeader(ans *apisix.Answer, res *rewrite.Result, held []heldBack) string {
 	switch {
 	case ans.Status == http.StatusUnauthorized || ans.Status == http.StatusForbidden:
 		return ""

@@ -254,7 +254,7 @@ func (p *Proxy) recordSync(r syncRecord) {
 }
 
 // setHeld records the items held back in the last accepted sync.
-func (d *debugLog) setHeld(held []heldItem) {
+func (d *debugLog) setHeld(held []heldBack) {
 	list := make([]DebugHeld, 0, min(len(held), maxDebugSections))
 	for i, h := range held {
 		if i == maxDebugSections {

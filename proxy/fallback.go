@@ -31,8 +31,8 @@ const maxPrefixRounds = 8
 
 var prefixMessage = regexp.MustCompile(`^invalid (\S+) at index (\d+), err: `)
 
-// heldItem is one item held back, for the log, the metrics and /debug/config.
-type heldItem struct {
+// heldBack is one item held back, for the log, the metrics and /debug/config.
+type heldBack struct {
 	Section, ID string
 	Error       string
 	Since       time.Time
@@ -44,12 +44,12 @@ type heldItem struct {
 
 // stateDependent: rejected for what the data plane holds (a plugin another global rule
 // uses, a key another consumer holds), not for what the item is.
-func (h heldItem) stateDependent() bool {
+func (h heldBack) stateDependent() bool {
 	return strings.Contains(h.Error, "already exists in global rule") || strings.Contains(h.Error, " found with consumer: ") ||
 		strings.Contains(h.Error, " found with credential: ")
 }
 
-func heldKey(section, id string) string { return section + "\x00" + id }
+func itemKey(section, id string) string { return section + "\x00" + id }
 
 // itemLevel: a 400 about an item, not about the request or a version.
 func itemLevel(body []byte) bool {
@@ -67,7 +67,7 @@ type fallbackResult struct {
 	ans      *apisix.Answer
 	out      outgoingPut
 	prepared *rewrite.Prepared // the corrected body, for the kept configuration
-	held     []heldItem
+	held     []heldBack
 	changed  []string           // sections whose content is a correction, not the client's decided copy
 	versions map[string]float64 // a second step's versions (above the corrected PUT's)
 	plan     *rewrite.Plan      // the correction of the forwarded body (a second step starts from it)
@@ -88,7 +88,7 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 	}
 	var accepted *rewrite.Accepted // read once, when the first item is held
 	plan := rewrite.NewPlan(forwarded)
-	var held []heldItem
+	var held []heldBack
 	for round := 0; ; round++ {
 		found, ok := pr.rejections(ctx, round, plan, respBody)
 		if !ok || len(found) == 0 {
@@ -168,14 +168,14 @@ func (pr *putRequest) rejections(ctx context.Context, round int, plan *rewrite.P
 
 // corrected is the corrected PUT: its body, and a digest of its own (another body than
 // the client's, so APISIX never answers it 204 for the client's digest).
-func (pr *putRequest) corrected(out outgoingPut, body []byte, held []heldItem) outgoingPut {
+func (pr *putRequest) corrected(out outgoingPut, body []byte, held []heldBack) outgoingPut {
 	next := outgoingPut{body: body, digest: out.digest, setDigest: out.setDigest}
 	if pr.in.HasDigest {
 		base := out.digest
 		if !out.setDigest {
 			base = pr.in.Digest
 		}
-		next.digest, next.setDigest = base+"+backfill:"+heldHash(held), true
+		next.digest, next.setDigest = base+"+backfill:"+correctionHash(held), true
 	}
 	return next
 }
@@ -210,24 +210,24 @@ func (pr *putRequest) unavailable(why string, err error) {
 // and a correction made before the PUT is kept for the same client bytes next time.
 func (pr *putRequest) afterAccepted(fb *fallbackResult) {
 	p := pr.p
-	held := pr.held(fb)
+	held := pr.allHeld(fb)
 	if fb != nil {
 		p.dp.Backfilled(fb.changed, fb.versions)
 	}
-	p.noteHeld(held)
-	p.heldCorrection = nil
-	if fb == nil && len(pr.preHeld) > 0 {
-		p.rememberCorrection(pr.clientPrepared, pr.prepared, pr.preHeld)
+	p.noteLastHeld(held)
+	p.lastCorrection = nil
+	if fb == nil && len(pr.heldBeforePut) > 0 {
+		p.rememberCorrection(pr.clientPrepared, pr.prepared, pr.heldBeforePut)
 	}
 }
 
 // held is every item this PUT held back: before it (the steady state) and after APISIX
 // rejected the corrected body (new items).
-func (pr *putRequest) held(fb *fallbackResult) []heldItem {
+func (pr *putRequest) allHeld(fb *fallbackResult) []heldBack {
 	if fb == nil {
-		return pr.preHeld
+		return pr.heldBeforePut
 	}
-	return append(slices.Clip(pr.preHeld), fb.held...)
+	return append(slices.Clip(pr.heldBeforePut), fb.held...)
 }
 
 // validateItems asks APISIX which items of the sections the PUT carries it rejects,
@@ -268,13 +268,13 @@ func rawItems(items []rewrite.Item) [][]byte {
 // hold adds the rejected items to the plan (rewrite.Plan.Hold: backfilled or left out,
 // and what they strand), and keeps for each what the next syncs need: its content's
 // fingerprint, since when, on which APISIX. It says each newly held item once.
-func (pr *putRequest) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found []rewrite.Rejection) []heldItem {
+func (pr *putRequest) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found []rewrite.Rejection) []heldBack {
 	now := time.Now()
-	var held []heldItem
+	var held []heldBack
 	for _, h := range plan.Hold(found, accepted) {
-		item := heldItem{Section: h.Section, ID: h.ID, Error: clipString(h.Error, maxDebugMessage), Since: now, Backfilled: h.Backfilled,
+		item := heldBack{Section: h.Section, ID: h.ID, Error: clipString(h.Error, maxDebugMessage), Since: now, Backfilled: h.Backfilled,
 			sum: pr.p.rw.ItemFingerprint(h.Raw), raw: h.Raw, server: pr.p.api.Server()}
-		prev, seen := pr.p.held[heldKey(h.Section, h.ID)]
+		prev, seen := pr.p.lastHeld[itemKey(h.Section, h.ID)]
 		if seen && prev.sum == item.sum {
 			item.Since = prev.Since // said when it was first held back
 		} else {
@@ -311,8 +311,8 @@ func (pr *putRequest) acceptedCopies(ctx context.Context) (*rewrite.Accepted, er
 	return rewrite.NewAccepted(st.Items), nil
 }
 
-// heldHash makes the corrected PUT's digest differ from the client's body's.
-func heldHash(held []heldItem) string {
+// correctionHash makes the corrected PUT's digest differ from the client's body's.
+func correctionHash(held []heldBack) string {
 	keys := make([]string, len(held))
 	for i, h := range held {
 		keys[i] = h.Section + "\x00" + h.ID + "\x00" + strconv.FormatBool(h.Backfilled)
@@ -323,7 +323,7 @@ func heldHash(held []heldItem) string {
 }
 
 // backfilledSections are the sections with a held item, sorted.
-func backfilledSections(held []heldItem) []string {
+func backfilledSections(held []heldBack) []string {
 	var out []string
 	for _, h := range held {
 		out = append(out, h.Section)
@@ -333,7 +333,7 @@ func backfilledSections(held []heldItem) []string {
 }
 
 // actionsWithBackfill is X-Confshim-Actions with section=backfilled entries added.
-func actionsWithBackfill(res *rewrite.Result, held []heldItem) string {
+func actionsWithBackfill(res *rewrite.Result, held []heldBack) string {
 	var entries []string
 	if res != nil && len(res.Changes) > 0 {
 		entries = strings.Split(res.Actions(), ", ")
@@ -345,10 +345,10 @@ func actionsWithBackfill(res *rewrite.Result, held []heldItem) string {
 	return strings.Join(entries, ", ")
 }
 
-// heldCorrection is the last correction made before a PUT: per held section, the
+// lastCorrection is the last correction made before a PUT: per held section, the
 // client's bytes' hash and the corrected items, so that the same client bytes are
 // corrected again without splitting them.
-type heldCorrection struct {
+type correction struct {
 	server   string
 	sections map[string]correctedSection
 }
@@ -359,40 +359,40 @@ type correctedSection struct {
 }
 
 // rememberCorrection keeps the correction of an accepted pre-held sync.
-func (p *Proxy) rememberCorrection(client, corrected *rewrite.Prepared, held []heldItem) {
-	c := &heldCorrection{server: p.api.Server(), sections: map[string]correctedSection{}}
+func (p *Proxy) rememberCorrection(client, corrected *rewrite.Prepared, held []heldBack) {
+	c := &correction{server: p.api.Server(), sections: map[string]correctedSection{}}
 	for _, section := range backfilledSections(held) {
 		sum, ok := client.SectionSum(section)
 		items, _ := corrected.JSONItems(section)
 		if !ok || items == nil {
-			p.heldCorrection = nil
+			p.lastCorrection = nil
 			return
 		}
 		c.sections[section] = correctedSection{clientSum: sum, items: bytes.Clone(items)}
 	}
-	p.heldCorrection = c
+	p.lastCorrection = c
 }
 
-// preHold is the steady state of §8.5: before the PUT, an item held back in the last
+// holdBeforePut is the steady state of §8.5: before the PUT, an item held back in the last
 // accepted sync and sent again byte for byte is held back again — with no failed round
 // trip and no validate call while APISIX's version is unchanged; one rejected for what
 // the data plane holds is validated again, alone, and goes when it passes. It returns
 // the corrected client body, or nil when nothing is held.
-func (pr *putRequest) preHold(ctx context.Context) ([]byte, []heldItem) {
+func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []heldBack) {
 	p := pr.p
-	if !p.cfg.Fallback || len(p.held) == 0 || pr.prepared == nil || !pr.prepared.IsJSON() {
+	if !p.cfg.Fallback || len(p.lastHeld) == 0 || pr.prepared == nil || !pr.prepared.IsJSON() {
 		return nil, nil
 	}
 	var found []rewrite.Rejection
 	sections := map[string]bool{}
 	stateDependent := false
-	for _, h := range p.held {
+	for _, h := range p.lastHeld {
 		sections[h.Section] = true
 		stateDependent = stateDependent || h.stateDependent()
 	}
 	// The same client bytes of every held section as in the last sync, on the same
 	// APISIX, nothing to validate again: the last correction serves as it is.
-	if corrected, held := pr.lastCorrection(sections, stateDependent); corrected != nil {
+	if corrected, held := pr.reuseCorrection(sections, stateDependent); corrected != nil {
 		return corrected, held
 	}
 	// Otherwise each held section is split once (the plan keeps it for the correction)
@@ -401,7 +401,7 @@ func (pr *putRequest) preHold(ctx context.Context) ([]byte, []heldItem) {
 	plan := rewrite.NewPlan(pr.prepared)
 	for section := range sections {
 		for i, it := range plan.Items(section) {
-			h, ok := p.held[heldKey(section, it.ID)]
+			h, ok := p.lastHeld[itemKey(section, it.ID)]
 			if !ok || it.ID == "" || h.server != p.api.Server() || h.sum != p.rw.ItemFingerprint(it.Raw) {
 				continue // changed, or another APISIX: it goes and APISIX judges it
 			}
@@ -426,12 +426,12 @@ func (pr *putRequest) preHold(ctx context.Context) ([]byte, []heldItem) {
 	return corrected, held
 }
 
-// lastCorrection is the correction made before the last accepted PUT, applied again
+// reuseCorrection is the correction made before the last accepted PUT, applied again
 // when every held section carries the same client bytes on the same APISIX (and none
 // waits for what the data plane holds): no split, no validate.
-func (pr *putRequest) lastCorrection(sections map[string]bool, stateDependent bool) ([]byte, []heldItem) {
+func (pr *putRequest) reuseCorrection(sections map[string]bool, stateDependent bool) ([]byte, []heldBack) {
 	p := pr.p
-	cached := p.heldCorrection
+	cached := p.lastCorrection
 	if cached == nil || stateDependent || cached.server != p.api.Server() {
 		return nil, nil
 	}
@@ -448,8 +448,8 @@ func (pr *putRequest) lastCorrection(sections map[string]bool, stateDependent bo
 	if err != nil {
 		return nil, nil
 	}
-	held := make([]heldItem, 0, len(p.held))
-	for _, h := range p.held {
+	held := make([]heldBack, 0, len(p.lastHeld))
+	for _, h := range p.lastHeld {
 		held = append(held, h)
 	}
 	return corrected, held
@@ -462,7 +462,7 @@ func (pr *putRequest) lastCorrection(sections map[string]bool, stateDependent bo
 // returns the second PUT's result, or nil.
 func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallbackResult {
 	p := pr.p
-	var waiting []heldItem
+	var waiting []heldBack
 	for _, h := range fb.held {
 		if h.stateDependent() {
 			waiting = append(waiting, h)
@@ -478,7 +478,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 		ok := map[string]bool{}
 		for _, h := range waiting {
 			if pr.passes(ctx, h.Section, h.raw) {
-				ok[heldKey(h.Section, h.ID)] = true
+				ok[itemKey(h.Section, h.ID)] = true
 			}
 		}
 		if len(ok) > 0 {
@@ -504,7 +504,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 	var still []rewrite.Rejection
 	versions := map[string]float64{}
 	for _, h := range fb.held {
-		if !passed[heldKey(h.Section, h.ID)] {
+		if !passed[itemKey(h.Section, h.ID)] {
 			if i := plan.IndexOf(h.Section, h.ID); i >= 0 {
 				still = append(still, rewrite.Rejection{Section: h.Section, Index: i, Error: h.Error})
 			}
@@ -561,15 +561,15 @@ const (
 	secondStepPause  = 200 * time.Millisecond
 )
 
-// noteHeld records the items held back in the last accepted sync: metrics, /debug/config.
-func (p *Proxy) noteHeld(held []heldItem) {
+// noteLastHeld records the items held back in the last accepted sync: metrics, /debug/config.
+func (p *Proxy) noteLastHeld(held []heldBack) {
 	if !p.cfg.Fallback {
 		return
 	}
-	p.held = make(map[string]heldItem, len(held))
+	p.lastHeld = make(map[string]heldBack, len(held))
 	for _, h := range held {
 		h.raw = bytes.Clone(h.raw) // out of the pooled body buffer
-		p.held[heldKey(h.Section, h.ID)] = h
+		p.lastHeld[itemKey(h.Section, h.ID)] = h
 	}
 	counts := map[string]int{}
 	for _, h := range held {

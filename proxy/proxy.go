@@ -84,18 +84,18 @@ type Proxy struct {
 	handler  http.Handler
 
 	// dp is what confshim believes about the data plane; its PUT lock serialises
-	// configs PUTs and guards watchCreds, held and heldCorrection too.
+	// configs PUTs and guards watchCreds, held and lastCorrection too.
 	dp    *dataplane.Belief
 	watch *reseed.Watcher // nil with --reseed-interval 0
 
-	lastAnswer     atomic.Int64                   // unix nanos of the upstream's last HTTP answer
-	bufs           buffers                        // request and rewrite buffers
-	budget         *bodyBudget                    // request bodies buffered at once
-	layout         atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
-	heldLayout     atomic.Pointer[rewrite.Layout] // the last body corrected before the PUT (§8.5)
-	debug          *debugLog                      // what /debug/config shows
-	held           map[string]heldItem            // items held back in the last accepted sync (§8.5), guarded by putLock
-	heldCorrection *heldCorrection                // and how the client's bytes were corrected before the PUT
+	lastAnswer      atomic.Int64                   // unix nanos of the upstream's last HTTP answer
+	bufs            buffers                        // request and rewrite buffers
+	budget          *bodyBudget                    // request bodies buffered at once
+	layout          atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
+	correctedLayout atomic.Pointer[rewrite.Layout] // the last body corrected before the PUT (§8.5)
+	debug           *debugLog                      // what /debug/config shows
+	lastHeld        map[string]heldBack            // items held back in the last accepted sync (§8.5), guarded by the PUT lock
+	lastCorrection  *correction                    // and how the client's bytes were corrected before the PUT
 }
 
 // New validates cfg and returns the proxy; every error names the setting at fault.
