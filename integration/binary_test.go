@@ -12,7 +12,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +24,7 @@ import (
 	"time"
 
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 	"github.com/confshim/confshim/internal/testsupport/emulator"
 )
 
@@ -151,10 +151,11 @@ func TestMemoryDoesNotFollowAnnouncedLengths(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs the binary")
 	}
-	em, _ := emulator.New(emulator.Options{AdminKey: adminKey})
-	dp := &countingDataPlane{em: em}
-	srv := httptest.NewServer(dp)
-	defer srv.Close()
+	var dp *countingDataPlane
+	srv := apisixtest.Start(t, apisixtest.Options{Emulator: emulator.Options{AdminKey: adminKey}, Wrap: func(em http.Handler) http.Handler {
+		dp = &countingDataPlane{em: em}
+		return dp
+	}})
 	b := startBinary(t, srv.URL)
 	before := b.peakRSS(t)
 	host := strings.TrimPrefix(b.url, "http://")
@@ -201,9 +202,7 @@ func TestLargeBodiesCostASmallMultiple(t *testing.T) {
 		{"yaml", "application/yaml", bigYAML(6 << 20)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			em, _ := emulator.New(emulator.Options{AdminKey: adminKey})
-			srv := httptest.NewServer(em)
-			defer srv.Close()
+			srv := apisixtest.Start(t, apisixtest.Options{Emulator: emulator.Options{AdminKey: adminKey}})
 			b := startBinary(t, srv.URL)
 			before := b.peakRSS(t)
 			req, _ := http.NewRequest(http.MethodPut, b.url+"/apisix/admin/configs", strings.NewReader(string(tc.body)))
@@ -258,9 +257,7 @@ func TestMonitoringUsesOnlyMetricsThatExist(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs the binary")
 	}
-	em, _ := emulator.New(emulator.Options{AdminKey: adminKey})
-	srv := httptest.NewServer(em)
-	defer srv.Close()
+	srv := apisixtest.Start(t, apisixtest.Options{Emulator: emulator.Options{AdminKey: adminKey}})
 	b := startBinary(t, srv.URL)
 	resp, err := http.Get(b.metricsURL + "/metrics")
 	if err != nil {
@@ -316,12 +313,7 @@ func TestMonitoringUsesOnlyMetricsThatExist(t *testing.T) {
 // file holds that sync when the process has exited (issue 18: it could be one write
 // behind), and the process exits 0.
 func TestBinaryFlushesStateFileOnSIGTERM(t *testing.T) {
-	em, err := emulator.New(emulator.Options{AdminKey: adminKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dp := httptest.NewServer(em)
-	t.Cleanup(dp.Close)
+	dp := apisixtest.Start(t, apisixtest.Options{Emulator: emulator.Options{AdminKey: adminKey}})
 	dir := t.TempDir()
 	b := startBinary(t, dp.URL, "--state-dir", dir, "--admin-key", adminKey)
 	c := adcclient.New(b.url, adminKey)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 	"github.com/confshim/confshim/internal/testsupport/emulator"
 )
 
@@ -58,13 +59,10 @@ func sectionEntry(v any, name string) map[string]any {
 // TestBinaryDebugConfig reads /debug/config after a repaired sync, a rejected one and
 // a re-seed, and checks each field against what happened (issue 21).
 func TestBinaryDebugConfig(t *testing.T) {
-	em, err := emulator.New(emulator.Options{AdminKey: adminKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dp := startDataPlane(t, em)
-	s := &stack{em: em, dp: dp, dpURL: "http://" + dp.addr, logs: &syncBuffer{}}
-	b := startBinary(t, s.dpURL, "--admin-key", adminKey, "--reseed-interval", "100ms", "--upstream", "http://user:hunter2@"+dp.addr)
+	dp := apisixtest.Start(t, apisixtest.Options{Emulator: emulator.Options{AdminKey: adminKey}})
+	em := dp.Emulator
+	s := &stack{em: em, dp: dp, dpURL: dp.URL, logs: &syncBuffer{}}
+	b := startBinary(t, s.dpURL, "--admin-key", adminKey, "--reseed-interval", "100ms", "--upstream", "http://user:hunter2@"+dp.Addr)
 	adminPut(t, s.dpURL, `{"secrets_conf_version":1,"secrets":[{"id":"vault/1","uri":"http://vault:8200","prefix":"kv","token":"t"}]}`, "oob")
 
 	// a repaired sync: stale secrets preserved, routes bumped
@@ -77,7 +75,7 @@ func TestBinaryDebugConfig(t *testing.T) {
 	if strings.Contains(raw, "hunter2") {
 		t.Fatal("the upstream's password is in /debug/config")
 	}
-	if got := field(doc, "data_plane", "url"); got != "http://"+dp.addr {
+	if got := field(doc, "data_plane", "url"); got != dp.URL {
 		t.Fatalf("data_plane.url = %v", got)
 	}
 	if got := field(doc, "data_plane", "server"); got != "APISIX/3.17.0" {
@@ -153,12 +151,8 @@ func TestBinaryDebugConfig(t *testing.T) {
 // TestBinaryDebugConfigHoldsNoValues plants secret-looking values in every section, in
 // JSON and in YAML bodies, and checks that none of them reaches /debug/config.
 func TestBinaryDebugConfigHoldsNoValues(t *testing.T) {
-	em, err := emulator.New(emulator.Options{AdminKey: adminKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dp := startDataPlane(t, em)
-	dpURL := "http://" + dp.addr
+	dp := apisixtest.Start(t, apisixtest.Options{Emulator: emulator.Options{AdminKey: adminKey}})
+	dpURL := dp.URL
 	b := startBinary(t, dpURL, "--admin-key", adminKey, "--preserve", "")
 	var planted []string
 	secret := func(kind string) string {

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 	"github.com/confshim/confshim/internal/testsupport/emulator"
 )
 
@@ -278,12 +279,8 @@ func TestSoak(t *testing.T) {
 	}
 	t.Logf("seed %d, %v", seed, duration)
 	hook := &soakHook{t: t, done: make(chan struct{})}
-	em, err := emulator.New(emulator.Options{AdminKey: adminKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dp := startDataPlane(t, hook.wrap(em))
-	s := &stack{em: em, logs: &syncBuffer{}, dp: dp, dpURL: "http://" + dp.addr, timeout: 10 * time.Second}
+	dp := apisixtest.Start(t, apisixtest.Options{Emulator: emulator.Options{AdminKey: adminKey}, Wrap: hook.wrap})
+	s := &stack{em: dp.Emulator, logs: &syncBuffer{}, dp: dp, dpURL: dp.URL, timeout: 10 * time.Second}
 	hook.s = s
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -20,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 	"github.com/confshim/confshim/internal/testsupport/emulator"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/proxy"
@@ -39,63 +39,15 @@ type stack struct {
 	opts      stackOptions
 	timeout   time.Duration
 	stopProxy func()
-	dp        *dataPlaneServer
+	dp        *apisixtest.Server
 	proxy     *proxy.Proxy
-}
-
-// dataPlaneServer serves the emulator on a fixed loopback port and restarts the way a
-// container does: the port closes (every connection with it), then answers again with
-// nothing stored.
-type dataPlaneServer struct {
-	mu      sync.Mutex
-	addr    string
-	handler http.Handler
-	srv     *http.Server
-}
-
-func startDataPlane(t testing.TB, h http.Handler) *dataPlaneServer {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &dataPlaneServer{addr: ln.Addr().String(), handler: h}
-	d.serve(ln)
-	t.Cleanup(d.close)
-	return d
-}
-
-func (d *dataPlaneServer) serve(ln net.Listener) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.srv = &http.Server{Handler: d.handler, ReadHeaderTimeout: 10 * time.Second}
-	go func(srv *http.Server) { _ = srv.Serve(ln) }(d.srv)
-}
-
-func (d *dataPlaneServer) close() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	_ = d.srv.Close()
 }
 
 // restartDataPlane is a container restart: the port closes for down, the emulator
 // forgets its configuration, the port answers again.
 func (s *stack) restartDataPlane(t testing.TB, down time.Duration) {
 	t.Helper()
-	s.dp.close()
-	s.em.Restart()
-	time.Sleep(down)
-	var ln net.Listener
-	var err error
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if ln, err = net.Listen("tcp", s.dp.addr); err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatalf("the data plane's port did not open again: %v", err)
-	}
-	s.dp.serve(ln)
+	s.dp.Restart(t, down)
 }
 
 type syncBuffer struct {
@@ -139,21 +91,15 @@ type stackOptions struct {
 
 func newStack(t testing.TB, o stackOptions) *stack {
 	t.Helper()
-	em, err := emulator.New(emulator.Options{Version: o.version, AdminKey: adminKey, FillDefaults: o.fillDefaults, AppliedLag: o.appliedLag, DecodeCost: o.decodeCost})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dp http.Handler = em
-	if o.wrap != nil {
-		dp = o.wrap(em)
-	}
-	dpSrv := startDataPlane(t, dp)
+	dpSrv := apisixtest.Start(t, apisixtest.Options{Wrap: o.wrap, Emulator: emulator.Options{Version: o.version, AdminKey: adminKey,
+		FillDefaults: o.fillDefaults, AppliedLag: o.appliedLag, DecodeCost: o.decodeCost}})
+	em := dpSrv.Emulator
 	s := &stack{em: em, logs: &syncBuffer{}, dp: dpSrv}
 	timeout := o.timeout
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
-	s.dpURL, s.opts, s.timeout = "http://"+dpSrv.addr, o, timeout
+	s.dpURL, s.opts, s.timeout = dpSrv.URL, o, timeout
 	s.startProxy(t)
 	return s
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 
+	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 	"github.com/confshim/confshim/internal/testsupport/emulator"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
@@ -87,16 +88,17 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 func newFixture(t *testing.T, upstream http.Handler, mutate func(*Config)) *fixture {
 	t.Helper()
 	f := &fixture{reg: prometheus.NewRegistry(), logs: &bytes.Buffer{}, logMu: &sync.Mutex{}}
-	if upstream == nil {
-		em, err := emulator.New(emulator.Options{AdminKey: key})
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.em, upstream = em, em
+	record := func(next http.Handler) http.Handler {
+		f.rec = &recorder{next: next}
+		return f.rec
 	}
-	f.rec = &recorder{next: upstream}
-	up := httptest.NewServer(f.rec)
-	t.Cleanup(up.Close)
+	var up *apisixtest.Server
+	if upstream == nil {
+		up = apisixtest.Start(t, apisixtest.Options{Emulator: emulator.Options{AdminKey: key}, Wrap: record})
+		f.em = up.Emulator
+	} else {
+		up = apisixtest.Serve(t, record(upstream))
+	}
 	f.m = metrics.New(f.reg, "test")
 	cfg := Config{Upstream: up.URL, Preserve: rewrite.DefaultPreserve, MaxBodyBytes: 1 << 20,
 		UpstreamTimeout: 5 * time.Second, Metrics: f.m,

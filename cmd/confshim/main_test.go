@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"slices"
 	"strings"
@@ -13,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/confshim/confshim/internal/testsupport/emulator"
+	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 )
 
 func noEnv(string) (string, bool) { return "", false }
@@ -209,8 +208,7 @@ func get(t *testing.T, url string) int {
 func TestHealthAndReadiness(t *testing.T) {
 	defer func(w time.Duration) { readyWindow = w }(readyWindow)
 	readyWindow = 100 * time.Millisecond // how long one answer keeps confshim ready
-	em, _ := emulator.New(emulator.Options{})
-	dp := httptest.NewServer(em)
+	dp := apisixtest.Start(t, apisixtest.Options{})
 	a, stop := start(t, dp.URL)
 	defer stop()
 	if get(t, "http://"+a.metrics+"/healthz") != 200 || get(t, "http://"+a.metrics+"/readyz") != 200 {
@@ -259,18 +257,18 @@ func TestUpstreamPasswordIsNeverPrinted(t *testing.T) {
 }
 
 func TestShutdownDrainsInFlightRequests(t *testing.T) {
-	em, _ := emulator.New(emulator.Options{})
 	gate := make(chan struct{})
 	var once sync.Once
 	entered := make(chan struct{})
-	dp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet {
-			once.Do(func() { close(entered) })
-			<-gate
-		}
-		em.ServeHTTP(w, r)
-	}))
-	defer dp.Close()
+	dp := apisixtest.Start(t, apisixtest.Options{Wrap: func(em http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet {
+				once.Do(func() { close(entered) })
+				<-gate
+			}
+			em.ServeHTTP(w, r)
+		})
+	}})
 	a, stop := start(t, dp.URL)
 	status := make(chan int, 1)
 	go func() {

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -13,16 +12,14 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/confshim/confshim/internal/testsupport/emulator"
+	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 	"github.com/confshim/confshim/internal/testsupport/testcerts"
 )
 
 // startArgs runs confshim in front of a fresh emulator, with extra flags.
 func startArgs(t *testing.T, extra ...string) (addrs, func() int) {
 	t.Helper()
-	em, _ := emulator.New(emulator.Options{})
-	dp := httptest.NewServer(em)
-	t.Cleanup(dp.Close)
+	dp := apisixtest.Start(t, apisixtest.Options{})
 	return launch(t, append([]string{"--upstream", dp.URL}, extra...))
 }
 
