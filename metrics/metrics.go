@@ -8,8 +8,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/confshim/confshim/rewrite"
 )
 
 // Metrics are confshim's collectors (contract §7, §8).
@@ -206,13 +204,13 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	for _, r := range FallbackResults {
 		m.FallbackPuts.WithLabelValues(string(r))
 	}
-	for _, s := range rewrite.KnownSections {
+	for _, s := range SectionLabels {
 		m.HeldBackItems.WithLabelValues(s)
 		m.OutOfBandWrites.WithLabelValues(s)
 	}
-	for _, s := range append(slices.Clone(rewrite.KnownSections), "other") {
-		for _, a := range rewrite.AllActions {
-			m.SectionRewrites.WithLabelValues(s, string(a))
+	for _, s := range append(slices.Clone(SectionLabels), "other") {
+		for _, a := range ActionLabels {
+			m.SectionRewrites.WithLabelValues(s, a)
 		}
 	}
 	for _, r := range Routes {
@@ -229,9 +227,22 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	return m
 }
 
+// SectionLabels are APISIX's resource sections (apisix/constants.lua), the values a
+// section label takes besides "other"; ActionLabels are the header words a rewrite
+// reports. metrics imports nothing of confshim's (the APISIX client counts with it), so
+// they are written here; a test holds them equal to the rewrite package's.
+var (
+	SectionLabels = []string{
+		"routes", "services", "upstreams", "consumers", "consumer_groups", "ssls",
+		"global_rules", "plugin_configs", "plugin_metadata", "protos", "secrets",
+		"stream_routes", "plugins",
+	}
+	ActionLabels = []string{"raised", "bumped", "preserved", "settled", "merged", "backfilled"}
+)
+
 // SectionLabel bounds the section label to APISIX's known sections plus "other".
 func SectionLabel(section string) string {
-	if slices.Contains(rewrite.KnownSections, section) {
+	if slices.Contains(SectionLabels, section) {
 		return section
 	}
 	return "other"

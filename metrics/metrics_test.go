@@ -1,8 +1,10 @@
 package metrics
 
 import (
+	"slices"
 	"testing"
 
+	"github.com/confshim/confshim/rewrite"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -44,4 +46,19 @@ func TestNewRegistersEverything(t *testing.T) {
 		}
 	}()
 	New(reg, "again")
+}
+
+// TestLabelsFollowTheRewrite: the label values metrics pre-creates are the rewrite's
+// sections and words, in its order.
+func TestLabelsFollowTheRewrite(t *testing.T) {
+	if !slices.Equal(SectionLabels, rewrite.KnownSections) {
+		t.Fatalf("SectionLabels %v, rewrite.KnownSections %v", SectionLabels, rewrite.KnownSections)
+	}
+	var actions []string
+	for _, a := range rewrite.AllActions {
+		actions = append(actions, string(a))
+	}
+	if !slices.Equal(ActionLabels, actions) {
+		t.Fatalf("ActionLabels %v, rewrite.AllActions %v", ActionLabels, actions)
+	}
 }
