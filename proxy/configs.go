@@ -45,7 +45,7 @@ type putRequest struct {
 
 	// §8.5: items held back before the PUT (the steady state), and the body forwarded
 	learnt         string // how a fresh read would learn an out-of-band write
-	heldBeforePut  []heldBack
+	heldBeforePut  []dataplane.Held
 	holdChecked    bool
 	clientPrepared *rewrite.Prepared // the client's own body, when it was corrected before the PUT
 
@@ -618,7 +618,7 @@ type answer struct {
 
 // actionsHeader is X-Confshim-Actions when sections were rewritten (never on APISIX's
 // refusal of the caller: that would tell a stranger the decision).
-func actionsHeader(ans *apisix.Answer, res *rewrite.Result, held []heldBack) string {
+func actionsHeader(ans *apisix.Answer, res *rewrite.Result, held []dataplane.Held) string {
 	switch {
 	case ans.Status == http.StatusUnauthorized || ans.Status == http.StatusForbidden:
 		return ""

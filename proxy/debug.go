@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/confshim/confshim/internal/dataplane"
 	"github.com/confshim/confshim/rewrite"
 )
 
@@ -254,7 +255,7 @@ func (p *Proxy) recordSync(r syncRecord) {
 }
 
 // setHeld records the items held back in the last accepted sync.
-func (d *debugLog) setHeld(held []heldBack) {
+func (d *debugLog) setHeld(held []dataplane.Held) {
 	list := make([]DebugHeld, 0, min(len(held), maxDebugSections))
 	for i, h := range held {
 		if i == maxDebugSections {

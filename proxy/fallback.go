@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/confshim/confshim/internal/apisix"
+	"github.com/confshim/confshim/internal/dataplane"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -31,26 +32,6 @@ const maxPrefixRounds = 8
 
 var prefixMessage = regexp.MustCompile(`^invalid (\S+) at index (\d+), err: `)
 
-// heldBack is one item held back, for the log, the metrics and /debug/config.
-type heldBack struct {
-	Section, ID string
-	Error       string
-	Since       time.Time
-	Backfilled  bool   // replaced by its accepted copy; false: left out
-	sum         uint64 // the client's item's content: the same content is held again
-	raw         []byte // the client's item (state-dependent ones are validated again)
-	server      string // APISIX's version when it rejected the item
-}
-
-// stateDependent: rejected for what the data plane holds (a plugin another global rule
-// uses, a key another consumer holds), not for what the item is.
-func (h heldBack) stateDependent() bool {
-	return strings.Contains(h.Error, "already exists in global rule") || strings.Contains(h.Error, " found with consumer: ") ||
-		strings.Contains(h.Error, " found with credential: ")
-}
-
-func itemKey(section, id string) string { return section + "\x00" + id }
-
 // itemLevel: a 400 about an item, not about the request or a version.
 func itemLevel(body []byte) bool {
 	msg := errorMessage(body)
@@ -67,7 +48,7 @@ type fallbackResult struct {
 	ans      *apisix.Answer
 	out      outgoingPut
 	prepared *rewrite.Prepared // the corrected body, for the kept configuration
-	held     []heldBack
+	held     []dataplane.Held
 	changed  []string           // sections whose content is a correction, not the client's decided copy
 	versions map[string]float64 // a second step's versions (above the corrected PUT's)
 	plan     *rewrite.Plan      // the correction of the forwarded body (a second step starts from it)
@@ -88,7 +69,7 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 	}
 	var accepted *rewrite.Accepted // read once, when the first item is held
 	plan := rewrite.NewPlan(forwarded)
-	var held []heldBack
+	var held []dataplane.Held
 	for round := 0; ; round++ {
 		found, ok := pr.rejections(ctx, round, plan, respBody)
 		if !ok || len(found) == 0 {
@@ -168,7 +149,7 @@ func (pr *putRequest) rejections(ctx context.Context, round int, plan *rewrite.P
 
 // corrected is the corrected PUT: its body, and a digest of its own (another body than
 // the client's, so APISIX never answers it 204 for the client's digest).
-func (pr *putRequest) corrected(out outgoingPut, body []byte, held []heldBack) outgoingPut {
+func (pr *putRequest) corrected(out outgoingPut, body []byte, held []dataplane.Held) outgoingPut {
 	next := outgoingPut{body: body, digest: out.digest, setDigest: out.setDigest}
 	if pr.in.HasDigest {
 		base := out.digest
@@ -215,7 +196,7 @@ func (pr *putRequest) afterAccepted(fb *fallbackResult) {
 		p.dp.Backfilled(fb.changed, fb.versions)
 	}
 	p.noteLastHeld(held)
-	p.lastCorrection = nil
+	p.dp.SetCorrection(nil)
 	if fb == nil && len(pr.heldBeforePut) > 0 {
 		p.rememberCorrection(pr.clientPrepared, pr.prepared, pr.heldBeforePut)
 	}
@@ -223,7 +204,7 @@ func (pr *putRequest) afterAccepted(fb *fallbackResult) {
 
 // held is every item this PUT held back: before it (the steady state) and after APISIX
 // rejected the corrected body (new items).
-func (pr *putRequest) allHeld(fb *fallbackResult) []heldBack {
+func (pr *putRequest) allHeld(fb *fallbackResult) []dataplane.Held {
 	if fb == nil {
 		return pr.heldBeforePut
 	}
@@ -268,14 +249,14 @@ func rawItems(items []rewrite.Item) [][]byte {
 // hold adds the rejected items to the plan (rewrite.Plan.Hold: backfilled or left out,
 // and what they strand), and keeps for each what the next syncs need: its content's
 // fingerprint, since when, on which APISIX. It says each newly held item once.
-func (pr *putRequest) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found []rewrite.Rejection) []heldBack {
+func (pr *putRequest) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found []rewrite.Rejection) []dataplane.Held {
 	now := time.Now()
-	var held []heldBack
+	var held []dataplane.Held
 	for _, h := range plan.Hold(found, accepted) {
-		item := heldBack{Section: h.Section, ID: h.ID, Error: clipString(h.Error, maxDebugMessage), Since: now, Backfilled: h.Backfilled,
-			sum: pr.p.rw.ItemFingerprint(h.Raw), raw: h.Raw, server: pr.p.api.Server()}
-		prev, seen := pr.p.lastHeld[itemKey(h.Section, h.ID)]
-		if seen && prev.sum == item.sum {
+		item := dataplane.Held{Section: h.Section, ID: h.ID, Error: clipString(h.Error, maxDebugMessage), Since: now, Backfilled: h.Backfilled,
+			Sum: pr.p.rw.ItemFingerprint(h.Raw), Raw: h.Raw, Server: pr.p.api.Server()}
+		prev, seen := pr.p.dp.HeldItem(h.Section, h.ID)
+		if seen && prev.Sum == item.Sum {
 			item.Since = prev.Since // said when it was first held back
 		} else {
 			outcome := "left_out"
@@ -312,7 +293,7 @@ func (pr *putRequest) acceptedCopies(ctx context.Context) (*rewrite.Accepted, er
 }
 
 // correctionHash makes the corrected PUT's digest differ from the client's body's.
-func correctionHash(held []heldBack) string {
+func correctionHash(held []dataplane.Held) string {
 	keys := make([]string, len(held))
 	for i, h := range held {
 		keys[i] = h.Section + "\x00" + h.ID + "\x00" + strconv.FormatBool(h.Backfilled)
@@ -323,7 +304,7 @@ func correctionHash(held []heldBack) string {
 }
 
 // backfilledSections are the sections with a held item, sorted.
-func backfilledSections(held []heldBack) []string {
+func backfilledSections(held []dataplane.Held) []string {
 	var out []string
 	for _, h := range held {
 		out = append(out, h.Section)
@@ -333,7 +314,7 @@ func backfilledSections(held []heldBack) []string {
 }
 
 // actionsWithBackfill is X-Confshim-Actions with section=backfilled entries added.
-func actionsWithBackfill(res *rewrite.Result, held []heldBack) string {
+func actionsWithBackfill(res *rewrite.Result, held []dataplane.Held) string {
 	var entries []string
 	if res != nil && len(res.Changes) > 0 {
 		entries = strings.Split(res.Actions(), ", ")
@@ -345,32 +326,19 @@ func actionsWithBackfill(res *rewrite.Result, held []heldBack) string {
 	return strings.Join(entries, ", ")
 }
 
-// lastCorrection is the last correction made before a PUT: per held section, the
-// client's bytes' hash and the corrected items, so that the same client bytes are
-// corrected again without splitting them.
-type correction struct {
-	server   string
-	sections map[string]correctedSection
-}
-
-type correctedSection struct {
-	clientSum uint64
-	items     []byte
-}
-
 // rememberCorrection keeps the correction of an accepted pre-held sync.
-func (p *Proxy) rememberCorrection(client, corrected *rewrite.Prepared, held []heldBack) {
-	c := &correction{server: p.api.Server(), sections: map[string]correctedSection{}}
+func (p *Proxy) rememberCorrection(client, corrected *rewrite.Prepared, held []dataplane.Held) {
+	c := &dataplane.Correction{Server: p.api.Server(), Sections: map[string]dataplane.CorrectedSection{}}
 	for _, section := range backfilledSections(held) {
 		sum, ok := client.SectionSum(section)
 		items, _ := corrected.JSONItems(section)
 		if !ok || items == nil {
-			p.lastCorrection = nil
+			p.dp.SetCorrection(nil)
 			return
 		}
-		c.sections[section] = correctedSection{clientSum: sum, items: bytes.Clone(items)}
+		c.Sections[section] = dataplane.CorrectedSection{ClientSum: sum, Items: bytes.Clone(items)}
 	}
-	p.lastCorrection = c
+	p.dp.SetCorrection(c)
 }
 
 // holdBeforePut is the steady state of §8.5: before the PUT, an item held back in the last
@@ -378,17 +346,17 @@ func (p *Proxy) rememberCorrection(client, corrected *rewrite.Prepared, held []h
 // trip and no validate call while APISIX's version is unchanged; one rejected for what
 // the data plane holds is validated again, alone, and goes when it passes. It returns
 // the corrected client body, or nil when nothing is held.
-func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []heldBack) {
+func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.Held) {
 	p := pr.p
-	if !p.cfg.Fallback || len(p.lastHeld) == 0 || pr.prepared == nil || !pr.prepared.IsJSON() {
+	if !p.cfg.Fallback || len(p.dp.HeldBack()) == 0 || pr.prepared == nil || !pr.prepared.IsJSON() {
 		return nil, nil
 	}
 	var found []rewrite.Rejection
 	sections := map[string]bool{}
 	stateDependent := false
-	for _, h := range p.lastHeld {
+	for _, h := range p.dp.HeldBack() {
 		sections[h.Section] = true
-		stateDependent = stateDependent || h.stateDependent()
+		stateDependent = stateDependent || h.StateDependent()
 	}
 	// The same client bytes of every held section as in the last sync, on the same
 	// APISIX, nothing to validate again: the last correction serves as it is.
@@ -401,11 +369,11 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []heldBack) {
 	plan := rewrite.NewPlan(pr.prepared)
 	for section := range sections {
 		for i, it := range plan.Items(section) {
-			h, ok := p.lastHeld[itemKey(section, it.ID)]
-			if !ok || it.ID == "" || h.server != p.api.Server() || h.sum != p.rw.ItemFingerprint(it.Raw) {
+			h, ok := p.dp.HeldItem(section, it.ID)
+			if !ok || it.ID == "" || h.Server != p.api.Server() || h.Sum != p.rw.ItemFingerprint(it.Raw) {
 				continue // changed, or another APISIX: it goes and APISIX judges it
 			}
-			if h.stateDependent() && pr.passes(ctx, section, it.Raw) {
+			if h.StateDependent() && pr.passes(ctx, section, it.Raw) {
 				continue // the conflict is gone: it lands now
 			}
 			found = append(found, rewrite.Rejection{Section: section, Index: i, Error: h.Error})
@@ -429,27 +397,27 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []heldBack) {
 // reuseCorrection is the correction made before the last accepted PUT, applied again
 // when every held section carries the same client bytes on the same APISIX (and none
 // waits for what the data plane holds): no split, no validate.
-func (pr *putRequest) reuseCorrection(sections map[string]bool, stateDependent bool) ([]byte, []heldBack) {
+func (pr *putRequest) reuseCorrection(sections map[string]bool, stateDependent bool) ([]byte, []dataplane.Held) {
 	p := pr.p
-	cached := p.lastCorrection
-	if cached == nil || stateDependent || cached.server != p.api.Server() {
+	cached := p.dp.Correction()
+	if cached == nil || stateDependent || cached.Server != p.api.Server() {
 		return nil, nil
 	}
 	replace := map[string][]byte{}
 	for section := range sections {
 		sum, ok := pr.prepared.SectionSum(section)
-		if c, have := cached.sections[section]; !ok || !have || c.clientSum != sum {
+		if c, have := cached.Sections[section]; !ok || !have || c.ClientSum != sum {
 			return nil, nil
 		}
-		replace[section] = cached.sections[section].items
+		replace[section] = cached.Sections[section].Items
 	}
 	splice := rewrite.Splice{Replace: replace}
 	corrected, err := splice.Apply(pr.in.Body)
 	if err != nil {
 		return nil, nil
 	}
-	held := make([]heldBack, 0, len(p.lastHeld))
-	for _, h := range p.lastHeld {
+	held := make([]dataplane.Held, 0, len(p.dp.HeldBack()))
+	for _, h := range p.dp.HeldBack() {
 		held = append(held, h)
 	}
 	return corrected, held
@@ -462,9 +430,9 @@ func (pr *putRequest) reuseCorrection(sections map[string]bool, stateDependent b
 // returns the second PUT's result, or nil.
 func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallbackResult {
 	p := pr.p
-	var waiting []heldBack
+	var waiting []dataplane.Held
 	for _, h := range fb.held {
-		if h.stateDependent() {
+		if h.StateDependent() {
 			waiting = append(waiting, h)
 		}
 	}
@@ -477,8 +445,8 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 	for passed == nil && time.Now().Before(deadline) {
 		ok := map[string]bool{}
 		for _, h := range waiting {
-			if pr.passes(ctx, h.Section, h.raw) {
-				ok[itemKey(h.Section, h.ID)] = true
+			if pr.passes(ctx, h.Section, h.Raw) {
+				ok[h.Section+"\x00"+h.ID] = true
 			}
 		}
 		if len(ok) > 0 {
@@ -504,7 +472,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 	var still []rewrite.Rejection
 	versions := map[string]float64{}
 	for _, h := range fb.held {
-		if !passed[itemKey(h.Section, h.ID)] {
+		if !passed[h.Section+"\x00"+h.ID] {
 			if i := plan.IndexOf(h.Section, h.ID); i >= 0 {
 				still = append(still, rewrite.Rejection{Section: h.Section, Index: i, Error: h.Error})
 			}
@@ -562,15 +530,11 @@ const (
 )
 
 // noteLastHeld records the items held back in the last accepted sync: metrics, /debug/config.
-func (p *Proxy) noteLastHeld(held []heldBack) {
+func (p *Proxy) noteLastHeld(held []dataplane.Held) {
 	if !p.cfg.Fallback {
 		return
 	}
-	p.lastHeld = make(map[string]heldBack, len(held))
-	for _, h := range held {
-		h.raw = bytes.Clone(h.raw) // out of the pooled body buffer
-		p.lastHeld[itemKey(h.Section, h.ID)] = h
-	}
+	p.dp.SetHeld(held)
 	counts := map[string]int{}
 	for _, h := range held {
 		counts[metrics.SectionLabel(h.Section)]++

@@ -84,7 +84,7 @@ type Proxy struct {
 	handler  http.Handler
 
 	// dp is what confshim believes about the data plane; its PUT lock serialises
-	// configs PUTs and guards watchCreds, held and lastCorrection too.
+	// configs PUTs.
 	dp    *dataplane.Belief
 	watch *reseed.Watcher // nil with --reseed-interval 0
 
@@ -94,8 +94,6 @@ type Proxy struct {
 	layout          atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
 	correctedLayout atomic.Pointer[rewrite.Layout] // the last body corrected before the PUT (§8.5)
 	debug           *debugLog                      // what /debug/config shows
-	lastHeld        map[string]heldBack            // items held back in the last accepted sync (§8.5), guarded by the PUT lock
-	lastCorrection  *correction                    // and how the client's bytes were corrected before the PUT
 }
 
 // New validates cfg and returns the proxy; every error names the setting at fault.

@@ -46,6 +46,9 @@ type Belief struct {
 	trusted      bool
 	trustedDials uint64
 
+	held       map[string]Held // §8.5: the items held back in the last accepted sync
+	correction *Correction     // and the correction made before that PUT
+
 	keep       bool
 	kept       *Kept
 	refreshDue atomic.Bool // the watch should read the data plane back

@@ -1,0 +1,70 @@
+package dataplane
+
+import (
+	"bytes"
+	"strings"
+	"time"
+)
+
+// The fallback's memory (contract §8.5): the items held back in the last accepted sync,
+// so that the same content is held back again before the PUT, and the last correction
+// made before a PUT, so that the same client bytes are corrected again without splitting
+// them. Both are part of what confshim believes; they change under the PUT lock.
+
+// Held is one item held back in the last accepted sync.
+type Held struct {
+	Section, ID string
+	Error       string // APISIX's, cut for the log and /debug/config
+	Since       time.Time
+	Backfilled  bool   // replaced by its accepted copy; false: left out
+	Sum         uint64 // the client's item's content (§8.1's identity): the same content is held again
+	Raw         []byte // the client's item (state-dependent ones are validated again)
+	Server      string // APISIX's version when it rejected the item
+}
+
+// StateDependent: rejected for what the data plane holds (a plugin another global rule
+// uses, a key another consumer holds), not for what the item is.
+func (h Held) StateDependent() bool {
+	return strings.Contains(h.Error, "already exists in global rule") || strings.Contains(h.Error, " found with consumer: ") ||
+		strings.Contains(h.Error, " found with credential: ")
+}
+
+// Correction is the last correction made before a PUT: per held section, the hash of the
+// client's bytes and the corrected items, on APISIX version Server.
+type Correction struct {
+	Server   string
+	Sections map[string]CorrectedSection
+}
+
+// CorrectedSection is one section of a Correction.
+type CorrectedSection struct {
+	ClientSum uint64
+	Items     []byte
+}
+
+func heldKey(section, id string) string { return section + "\x00" + id }
+
+// HeldBack is the items held back in the last accepted sync (do not change the map).
+func (b *Belief) HeldBack() map[string]Held { return b.held }
+
+// HeldItem is section's item id as it was held back in the last accepted sync.
+func (b *Belief) HeldItem(section, id string) (Held, bool) {
+	h, ok := b.held[heldKey(section, id)]
+	return h, ok
+}
+
+// SetHeld records the items held back in the accepted sync (their bytes copied out of
+// the request's pooled buffer).
+func (b *Belief) SetHeld(held []Held) {
+	b.held = make(map[string]Held, len(held))
+	for _, h := range held {
+		h.Raw = bytes.Clone(h.Raw)
+		b.held[heldKey(h.Section, h.ID)] = h
+	}
+}
+
+// Correction is the last correction made before a PUT (nil: none).
+func (b *Belief) Correction() *Correction { return b.correction }
+
+// SetCorrection keeps (or, nil, drops) the correction of an accepted sync.
+func (b *Belief) SetCorrection(c *Correction) { b.correction = c }
