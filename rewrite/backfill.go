@@ -40,6 +40,9 @@ type Splice struct {
 	// Replace gives sections' whole items values (a correction computed before, for the
 	// same client bytes).
 	Replace map[string][]byte
+	// split are sections of the body already split (a plan's), so as not to split them
+	// again
+	split map[string][]Item
 }
 
 // Hold records that the item at index of section is replaced by with (nil: left out).
@@ -86,14 +89,17 @@ func (s *Splice) applyTo(body []byte, obj *object) ([]byte, error) {
 			return nil, errors.New("backfill: " + clip(section) + " has no items in the body")
 		}
 		m := obj.members[sl.items]
-		items, err := splitItems(section, body[m.valueStart:m.valueEnd])
-		if err != nil {
-			return nil, err
+		items, ok := s.split[section]
+		if !ok {
+			var err error
+			if items, err = SplitItems(section, body[m.valueStart:m.valueEnd]); err != nil {
+				return nil, err
+			}
 		}
 		out := make([]byte, 0, m.valueEnd-m.valueStart)
 		out = append(out, '[')
 		for i, it := range items {
-			raw := it.raw
+			raw := it.Raw
 			if with, held := s.Items[section][i]; held {
 				if with == nil {
 					continue

@@ -43,7 +43,10 @@ func (pl *Plan) Items(section string) []Item {
 		return items
 	}
 	raw, _ := pl.body.JSONItems(section)
-	items, _ := SplitItems(section, raw)
+	items, err := SplitItems(section, raw)
+	if err != nil {
+		return nil // not kept: Apply splits it again and says why
+	}
 	pl.items[section] = items
 	return items
 }
@@ -133,8 +136,11 @@ func (pl *Plan) IndexOf(section, id string) int {
 }
 
 // Apply is the corrected body: the body with the plan's splice applied, on the body's
-// own scan (no second scan of it).
-func (pl *Plan) Apply() ([]byte, error) { return pl.Splice.applyTo(pl.body.body, &pl.body.obj) }
+// own scan and the plan's splits (no second scan or split of it).
+func (pl *Plan) Apply() ([]byte, error) {
+	pl.Splice.split = pl.items // each section split once per plan
+	return pl.Splice.applyTo(pl.body.body, &pl.body.obj)
+}
 
 // Accepted are the copies of items the data plane last accepted, by section and id; a
 // section is split only when an item of it is looked up.
