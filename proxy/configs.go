@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/internal/dataplane"
 	"github.com/confshim/confshim/metrics"
@@ -437,31 +435,6 @@ func (p *Proxy) prepare(r *http.Request, body []byte) (*rewrite.Prepared, metric
 	return prepared, "", err
 }
 
-// maxLoggedSections bounds a decision's log line (§5.7): a body may name thousands.
-const maxLoggedSections = 32
-
-func (p *Proxy) logDecision(res *rewrite.Result) {
-	arr := zerolog.Arr()
-	for i, c := range res.Changes {
-		if i == maxLoggedSections {
-			break
-		}
-		d := zerolog.Dict().Str("section", rewrite.Clip(c.Section)).Str("action", string(c.Action)).Float64("to", c.To)
-		if !c.FromAbsent {
-			d = d.Float64("from", c.From)
-		}
-		if c.Dropped {
-			d = d.Bool("items_dropped", true)
-		}
-		arr = arr.Dict(d)
-	}
-	ev := p.log.Info().Str("event", "rewrite").Int("sections_changed", len(res.Changes)).Array("sections", arr)
-	if len(res.Thinned) > 0 {
-		ev = ev.Int("sections_thinned", len(res.Thinned)).Int("thinned_bytes", res.ThinnedBytes)
-	}
-	ev.Bool("noop", res.NoOp).Msg("configs PUT repaired")
-}
-
 // stateReadFailed answers a PUT whose data plane state could not be read: nothing was
 // forwarded. An answer APISIX gave but confshim cannot use is a 502; no answer at all
 // is classified like any upstream failure (502, or 504 on a timeout).
@@ -614,20 +587,6 @@ func (p *Proxy) answered(pr *putRequest, ans *apisix.Answer, res *rewrite.Result
 type answer struct {
 	ans     *apisix.Answer
 	actions string // X-Confshim-Actions, "" for none
-}
-
-// actionsHeader is X-Confshim-Actions when sections were rewritten (never on APISIX's
-// refusal of the caller: that would tell a stranger the decision).
-func actionsHeader(ans *apisix.Answer, res *rewrite.Result, held []dataplane.Held) string {
-	switch {
-	case ans.Status == http.StatusUnauthorized || ans.Status == http.StatusForbidden:
-		return ""
-	case len(held) > 0:
-		return actionsWithBackfill(res, held)
-	case res != nil && len(res.Changes) > 0:
-		return res.Actions()
-	}
-	return ""
 }
 
 // write answers the client with APISIX's status, headers and body.

@@ -303,29 +303,6 @@ func correctionHash(held []dataplane.Held) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// backfilledSections are the sections with a held item, sorted.
-func backfilledSections(held []dataplane.Held) []string {
-	var out []string
-	for _, h := range held {
-		out = append(out, h.Section)
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
-// actionsWithBackfill is X-Confshim-Actions with section=backfilled entries added.
-func actionsWithBackfill(res *rewrite.Result, held []dataplane.Held) string {
-	var entries []string
-	if res != nil && len(res.Changes) > 0 {
-		entries = strings.Split(res.Actions(), ", ")
-	}
-	for _, s := range backfilledSections(held) {
-		entries = append(entries, rewrite.Clip(s)+"=backfilled")
-	}
-	slices.Sort(entries)
-	return strings.Join(entries, ", ")
-}
-
 // rememberCorrection keeps the correction of an accepted pre-held sync.
 func (p *Proxy) rememberCorrection(client, corrected *rewrite.Prepared, held []dataplane.Held) {
 	c := &dataplane.Correction{Server: p.api.Server(), Sections: map[string]dataplane.CorrectedSection{}}
