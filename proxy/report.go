@@ -5,10 +5,11 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/rs/zerolog"
+
 	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/internal/dataplane"
 	"github.com/confshim/confshim/rewrite"
-	"github.com/rs/zerolog"
 )
 
 // What a configs PUT reports: its decision's log line and the X-Confshim-Actions header
