@@ -70,10 +70,7 @@ var flagSpecs = []flagSpec{
 		o.listen, err = address(v)
 		return err
 	}},
-	{"upstream", "http://127.0.0.1:9180", "APISIX Admin API base URL (http or https)", false, func(o *options, v string) error {
-		o.upstream = v // checked by proxy.New, which names the flag
-		return nil
-	}},
+	{"upstream", "http://127.0.0.1:9180", "APISIX Admin API base URL (http or https)", false, text(func(o *options) *string { return &o.upstream })},
 	{"metrics-listen", ":9281", "address serving /metrics, /healthz, /readyz and /debug/config (never the proxied API)", false, func(o *options, v string) (err error) {
 		o.metricsListen, err = address(v)
 		return err
@@ -120,10 +117,7 @@ var flagSpecs = []flagSpec{
 		o.shutdownTimeout, err = positiveDuration(v)
 		return err
 	}},
-	{"admin-key", "", "key for confshim's own background requests (readiness, re-seeding); never used for, added to or replacing the key of a caller's request", false, func(o *options, v string) error {
-		o.adminKey = v
-		return nil
-	}},
+	{"admin-key", "", "key for confshim's own background requests (readiness, re-seeding); never used for, added to or replacing the key of a caller's request", false, text(func(o *options) *string { return &o.adminKey })},
 	{"log-level", "info", "debug, info, warn or error", false, func(o *options, v string) error {
 		lvl, err := zerolog.ParseLevel(v)
 		if err != nil || v == "" {
@@ -139,10 +133,7 @@ var flagSpecs = []flagSpec{
 		o.logFormat = v
 		return nil
 	}},
-	{"upstream-ca-file", "", "PEM CA bundle to verify APISIX's certificate (https upstream)", false, func(o *options, v string) error {
-		o.upstreamCAFile = v
-		return nil
-	}},
+	{"upstream-ca-file", "", "PEM CA bundle to verify APISIX's certificate (https upstream)", false, text(func(o *options) *string { return &o.upstreamCAFile })},
 	{"upstream-insecure-skip-verify", "false", "do not verify APISIX's certificate (dangerous; logged loudly)", true, func(o *options, v string) error {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -151,14 +142,8 @@ var flagSpecs = []flagSpec{
 		o.upstreamInsecure = b
 		return nil
 	}},
-	{"upstream-client-cert-file", "", "client certificate for APISIX's admin_api_mtls", false, func(o *options, v string) error {
-		o.upstreamClientCert = v
-		return nil
-	}},
-	{"upstream-client-key-file", "", "key of --upstream-client-cert-file", false, func(o *options, v string) error {
-		o.upstreamClientKey = v
-		return nil
-	}},
+	{"upstream-client-cert-file", "", "client certificate for APISIX's admin_api_mtls", false, text(func(o *options) *string { return &o.upstreamClientCert })},
+	{"upstream-client-key-file", "", "key of --upstream-client-cert-file", false, text(func(o *options) *string { return &o.upstreamClientKey })},
 	// An allow-list never fails open: a value that is not empty but holds no usable
 	// entry (",", " ", a template whose variables were unset) is an error, not "everyone".
 	{"allow-cidrs", "", "comma-separated CIDRs allowed to use the Admin API through confshim, checked against the TCP peer (empty: everyone)", false, func(o *options, v string) error {
@@ -175,14 +160,8 @@ var flagSpecs = []flagSpec{
 		o.allowCIDRs = cidrs
 		return nil
 	}},
-	{"tls-cert-file", "", "serve HTTPS with this certificate (reloaded when the file changes)", false, func(o *options, v string) error {
-		o.tlsCertFile = v
-		return nil
-	}},
-	{"tls-key-file", "", "key of --tls-cert-file", false, func(o *options, v string) error {
-		o.tlsKeyFile = v
-		return nil
-	}},
+	{"tls-cert-file", "", "serve HTTPS with this certificate (reloaded when the file changes)", false, text(func(o *options) *string { return &o.tlsCertFile })},
+	{"tls-key-file", "", "key of --tls-cert-file", false, text(func(o *options) *string { return &o.tlsKeyFile })},
 	{"reseed-interval", "1s", "how often the data plane is pinged (HEAD /apisix/admin, no configuration read) to notice a restart; its configuration is looked at after a sign of one and as often as a cost budget allows (at most 0.5 % of an APISIX worker, at least once a minute, at most once per interval), and re-seeded when lost (0: never)", false, func(o *options, v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
@@ -204,6 +183,15 @@ var flagSpecs = []flagSpec{
 		}
 		return nil
 	}},
+}
+
+// text is the setter of a flag whose text is its value (checked where it is used:
+// --upstream by proxy.New, the files when they are read).
+func text(field func(*options) *string) func(*options, string) error {
+	return func(o *options, v string) error {
+		*field(o) = v
+		return nil
+	}
 }
 
 // envName is the environment variable that sets a flag: CONFSHIM_<FLAG>.
