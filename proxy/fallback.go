@@ -305,7 +305,7 @@ func correctionHash(held []dataplane.Held) string {
 
 // rememberCorrection keeps the correction of an accepted pre-held sync.
 func (p *Proxy) rememberCorrection(client, corrected *rewrite.Prepared, held []dataplane.Held) {
-	c := &dataplane.Correction{Server: p.api.Server(), Sections: map[string]dataplane.CorrectedSection{}}
+	c := &dataplane.Correction{Server: p.api.Server(), Sections: map[string]rewrite.SectionCorrection{}}
 	for _, section := range backfilledSections(held) {
 		sum, ok := client.SectionSum(section)
 		items, _ := corrected.JSONItems(section)
@@ -313,7 +313,7 @@ func (p *Proxy) rememberCorrection(client, corrected *rewrite.Prepared, held []d
 			p.dp.SetCorrection(nil)
 			return
 		}
-		c.Sections[section] = dataplane.CorrectedSection{ClientSum: sum, Items: bytes.Clone(items)}
+		c.Sections[section] = rewrite.SectionCorrection{ClientSum: sum, Items: bytes.Clone(items)}
 	}
 	p.dp.SetCorrection(c)
 }
@@ -380,17 +380,16 @@ func (pr *putRequest) reuseCorrection(sections map[string]bool, stateDependent b
 	if cached == nil || stateDependent || cached.Server != p.api.Server() {
 		return nil, nil
 	}
-	replace := map[string][]byte{}
+	corrections := make(map[string]rewrite.SectionCorrection, len(sections))
 	for section := range sections {
-		sum, ok := pr.prepared.SectionSum(section)
-		if c, have := cached.Sections[section]; !ok || !have || c.ClientSum != sum {
+		c, have := cached.Sections[section]
+		if !have {
 			return nil, nil
 		}
-		replace[section] = cached.Sections[section].Items
+		corrections[section] = c
 	}
-	splice := rewrite.Splice{Replace: replace}
-	corrected, err := splice.Apply(pr.in.Body)
-	if err != nil {
+	corrected, ok := pr.prepared.Reapply(corrections)
+	if !ok {
 		return nil, nil
 	}
 	held := make([]dataplane.Held, 0, len(p.dp.HeldBack()))

@@ -180,3 +180,30 @@ func (pl *Plan) ItemSections() []string { return pl.body.ItemSections() }
 func (pl *Plan) Fresh() *Plan {
 	return &Plan{body: pl.body, items: pl.items, refs: pl.refs, leftOut: map[Reference]bool{}}
 }
+
+// SectionCorrection is a section's correction made before a PUT: the hash the body's
+// scan kept of the client's items then, and the corrected items.
+type SectionCorrection struct {
+	ClientSum uint64
+	Items     []byte
+}
+
+// Reapply is §8.5's steady state at its cheapest: when the body carries, for every
+// section of corrections, the very client bytes the correction was made for, the body
+// with those sections' items replaced by the corrected ones, on the body's own scan (no
+// split, no validate); false when any of them changed.
+func (p *Prepared) Reapply(corrections map[string]SectionCorrection) ([]byte, bool) {
+	if p.yaml || len(corrections) == 0 {
+		return nil, false
+	}
+	replace := make(map[string][]byte, len(corrections))
+	for section, c := range corrections {
+		if sum, ok := p.SectionSum(section); !ok || sum != c.ClientSum {
+			return nil, false
+		}
+		replace[section] = c.Items
+	}
+	splice := Splice{Replace: replace}
+	out, err := splice.applyTo(p.body, &p.obj)
+	return out, err == nil
+}

@@ -62,3 +62,28 @@ func TestReferencesReadTopLevelMembersOnly(t *testing.T) {
 		t.Fatalf("references %+v", refs)
 	}
 }
+
+// TestReapplyNeedsTheSameClientBytes: a correction made before is applied again only to
+// the very client bytes it was made for; any other byte of a held section means split
+// and match again.
+func TestReapplyNeedsTheSameClientBytes(t *testing.T) {
+	rw := New(nil)
+	body := `{"routes_conf_version":2,"routes":[{"id":"r1","plugins":{"nope":{}}},{"id":"r2"}]}`
+	p, err := rw.Prepare([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, _ := p.SectionSum("routes")
+	c := map[string]SectionCorrection{"routes": {ClientSum: sum, Items: []byte(`[{"id":"r1","uri":"/accepted"},{"id":"r2"}]`)}}
+	out, ok := p.Reapply(c)
+	if want := `{"routes_conf_version":2,"routes":[{"id":"r1","uri":"/accepted"},{"id":"r2"}]}`; !ok || string(out) != want {
+		t.Fatalf("reapplied %s (%v), want %s", out, ok, want)
+	}
+	changed, _ := rw.Prepare([]byte(strings.Replace(body, `"r2"`, `"r3"`, 1)))
+	if _, ok := changed.Reapply(c); ok {
+		t.Fatal("a correction was applied to other client bytes")
+	}
+	if _, ok := p.Reapply(nil); ok {
+		t.Fatal("nothing to reapply is no correction")
+	}
+}

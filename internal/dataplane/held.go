@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"time"
+
+	"github.com/confshim/confshim/rewrite"
 )
 
 // The fallback's memory (contract §8.5): the items held back in the last accepted sync,
@@ -33,13 +35,7 @@ func (h Held) StateDependent() bool {
 // client's bytes and the corrected items, on APISIX version Server.
 type Correction struct {
 	Server   string
-	Sections map[string]CorrectedSection
-}
-
-// CorrectedSection is one section of a Correction.
-type CorrectedSection struct {
-	ClientSum uint64
-	Items     []byte
+	Sections map[string]rewrite.SectionCorrection
 }
 
 func heldKey(section, id string) string { return section + "\x00" + id }
