@@ -2,6 +2,7 @@ package integration
 
 import (
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/wait"
 
 	"net/http"
 	"os"
@@ -230,7 +231,7 @@ func TestWatchLooksFollowTheirCost(t *testing.T) {
 				perMiB := time.Duration(float64(tc.lookCost) * (1 << 20) / float64(s.em.StoredBytes()))
 				s.em.SetDecodeCost(perMiB)
 			}
-			waitFor(t, "the watch's first look", func() bool { return s.em.Costs().DecodesHEAD > 0 })
+			wait.For(t, "the watch's first look", func() bool { return s.em.Costs().DecodesHEAD > 0 })
 			before := s.em.Costs()
 			time.Sleep(idle) // the idle period measured
 			after := s.em.Costs()

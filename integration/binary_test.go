@@ -26,6 +26,7 @@ import (
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
 	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 	"github.com/confshim/confshim/internal/testsupport/emulator"
+	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
 var (
@@ -179,8 +180,8 @@ func TestMemoryDoesNotFollowAnnouncedLengths(t *testing.T) {
 	}
 	// every connection was probed with its caller's credentials; the key-less ones were
 	// refused and are streaming to APISIX
-	waitFor(t, "20 probes", func() bool { return dp.heads.Load() >= 20 })
-	waitFor(t, "10 refused PUTs streamed through", func() bool { return dp.puts.Load() >= 10 })
+	wait.For(t, "20 probes", func() bool { return dp.heads.Load() >= 20 })
+	wait.For(t, "10 refused PUTs streamed through", func() bool { return dp.puts.Load() >= 10 })
 	growth := b.peakRSS(t) - before
 	t.Logf("peak RSS grew by %.1f MiB for 20 × 64 MiB announced", float64(growth)/(1<<20))
 	if growth >= 64<<20 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
 // Issue 25: APISIX answers chunked (spec §12), and the emulator now does too, so every
@@ -78,7 +79,7 @@ func renamed(t *testing.T, o stackOptions, withRoute bool) (*stack, *adcclient.C
 	c := s.client(true)
 	before, after := renameMetricsRule(withRoute)
 	mustLand(t, sync1(t, c, before))
-	waitFor(t, "the workers to apply the first configuration", s.em.Applied)
+	wait.For(t, "the workers to apply the first configuration", s.em.Applied)
 	start := time.Now()
 	res := sync1(t, c, after)
 	return s, c, after, res, time.Since(start)
@@ -121,7 +122,7 @@ func TestChunkedSecondStepThatNeverPassesLandsNextSync(t *testing.T) {
 	if rules := jsonOf(s.doc(t)["global_rules"]); strings.Contains(rules, "prometheus") {
 		t.Fatalf("global rules %s: the held rule landed although it never validated", rules)
 	}
-	waitFor(t, "the workers to apply the corrected PUT", s.em.Applied)
+	wait.For(t, "the workers to apply the corrected PUT", s.em.Applied)
 	res = sync1(t, c, after)
 	mustLand(t, res)
 	if rules := jsonOf(s.doc(t)["global_rules"]); !strings.Contains(rules, `"prometheus"`) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
 // Contract §8.5, --fallback backfill: one item APISIX rejects never blocks the rest.
@@ -250,7 +251,7 @@ func TestFallbackGlobalRuleMoveLandsInOneSync(t *testing.T) {
 		return cfg
 	}
 	mustLand(t, sync1(t, c, rules(map[string]any{"prometheus": map[string]any{}}, nil)))
-	waitFor(t, "the workers to apply the first rules", s.em.Applied)
+	wait.For(t, "the workers to apply the first rules", s.em.Applied)
 	res := sync1(t, c, rules(map[string]any{"cors": map[string]any{}}, map[string]any{"prometheus": map[string]any{}}))
 	mustLand(t, res)
 	got := jsonOf(s.doc(t)["global_rules"])

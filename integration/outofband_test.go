@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
 // Contract §7: the out-of-band writes confshim learns are counted per section, logged
@@ -57,7 +59,7 @@ func TestOutOfBandWriteLearntByTheWatch(t *testing.T) {
 	c := s.client(true)
 	mustLand(t, sync1(t, c, config("v1")))
 	looks := s.em.Costs().DecodesHEAD
-	waitFor(t, "the watch's first look after the sync", func() bool { return s.em.Costs().DecodesHEAD > looks })
+	wait.For(t, "the watch's first look after the sync", func() bool { return s.em.Costs().DecodesHEAD > looks })
 	registerSecrets(t, s)
 	deadline := time.Now().Add(2 * time.Second)
 	for counter(s.metrics.OutOfBandWrites.WithLabelValues("secrets")) == 0 {

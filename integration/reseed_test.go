@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
 // The §8.4 stories: a data plane that restarted empty is re-seeded by confshim, with no
@@ -54,7 +56,7 @@ const restartDowntime = 150 * time.Millisecond
 func watchTicks(t *testing.T, s *stack, n int) {
 	t.Helper()
 	from := s.em.Costs().Pings
-	waitFor(t, fmt.Sprintf("%d pings of the watch", n), func() bool { return s.em.Costs().Pings >= from+n })
+	wait.For(t, fmt.Sprintf("%d pings of the watch", n), func() bool { return s.em.Costs().Pings >= from+n })
 }
 
 func TestReseedAfterDataPlaneRestart(t *testing.T) {
@@ -212,7 +214,7 @@ func TestClientSyncDuringReseed(t *testing.T) {
 	done := make(chan int, 1)
 	go func() { done <- sync1(t, c, config("v2")).Status }()
 	// the client's sync was probed: it goes on to wait for the PUT lock the re-seed holds
-	waitFor(t, "the client's sync to be probed", func() bool { return s.em.Costs().Validates > probes })
+	wait.For(t, "the client's sync to be probed", func() bool { return s.em.Costs().Validates > probes })
 	close(release)
 	if status := <-done; status/100 != 2 {
 		t.Fatalf("the client's sync during the re-seed: %d", status)
@@ -226,7 +228,7 @@ func TestReseedOffOnAPISIX313(t *testing.T) {
 	s := newStack(t, stackOptions{reseed: watch, version: "3.13.0"})
 	mustLand(t, sync1(t, s.client(true), config("v1")))
 	// the watch says so and stops: no more pings after it
-	waitFor(t, "re-seeding declared off", func() bool { return strings.Contains(s.logs.String(), `"event":"reseed_off"`) })
+	wait.For(t, "re-seeding declared off", func() bool { return strings.Contains(s.logs.String(), `"event":"reseed_off"`) })
 	if n := strings.Count(s.logs.String(), `"event":"reseed_off"`); n != 1 {
 		t.Fatalf("want re-seeding declared off once, said %d times", n)
 	}

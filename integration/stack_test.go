@@ -310,16 +310,3 @@ func newServer(t testing.TB, h http.Handler) string {
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
-
-// waitFor polls cond until it holds (for at most 20 s): a test waits for the event,
-// never for a fixed time.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}

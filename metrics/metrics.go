@@ -126,6 +126,9 @@ func (m *Metrics) Refuse(r RefusedReason) { m.Refused.WithLabelValues(string(r))
 // Reseed counts one re-seed.
 func (m *Metrics) Reseed(r ReseedResult) { m.Reseeds.WithLabelValues(string(r)).Inc() }
 
+// FallbackPut counts a configs PUT the fallback corrected, or could not (§8.5).
+func (m *Metrics) FallbackPut(r FallbackResult) { m.FallbackPuts.WithLabelValues(string(r)).Inc() }
+
 // New registers confshim's collectors, the Go and process collectors and a build-info
 // gauge on reg. Every label value that alerts and dashboards use starts at 0, so that
 // rate() and absent() work from the first scrape.

@@ -126,7 +126,7 @@ func (c *capturingWriter) Write(b []byte) (int, error) {
 
 func (c *capturingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
-// authorize asks APISIX, with the caller's apisix.Credentials, whether it may use the
+// authorize asks APISIX, with the caller's credentials, whether it may use the
 // configuration; a caller APISIX refuses costs no more than a plain proxy would (§5.7).
 func (pr *putRequest) authorize() bool {
 	err := pr.p.probe(pr.r.Context(), pr.creds)
@@ -275,7 +275,7 @@ func (pr *putRequest) forward() *answer {
 		p.answered(pr, ans, res, prepared, out)
 		held := pr.allHeld(fb)
 		if ans.Status/100 == 2 {
-			pr.afterAccepted(fb)
+			pr.afterAccepted(fb, held)
 		}
 		return &answer{ans: ans, actions: actionsHeader(ans, res, held)}
 	}
@@ -458,13 +458,14 @@ func (p *Proxy) probe(ctx context.Context, creds apisix.Credentials) error {
 // stateLimit bounds a configuration confshim reads from the data plane.
 func (p *Proxy) stateLimit() int64 { return 4 * p.cfg.MaxBodyBytes }
 
-// stateFor returns the data plane's state under the PUT lock, read on the decide
-// connection: the cached copy when a HEAD shows nobody wrote since it was read,
-// otherwise a GET.
+// stateFor returns the data plane's state under the PUT lock, on the decide connection:
+// the cached copy unread while the belief is trusted on that connection (verified is
+// then false: the PUT's version check proves it, see internal/reseed's package doc),
+// the cached copy when a HEAD shows nobody wrote since, otherwise a GET.
 func (p *Proxy) stateFor(ctx context.Context, creds apisix.Credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
 	if !fresh && p.dp.State() != nil && !p.api.NoHead() {
-		if p.dp.Trusts(p.api.DialCount()) && p.api.DecideOpen() {
-			return p.dp.State(), false, nil // the PUT's version check proves it (watch.go)
+		if p.dp.Trusts(p.api.DecideConn()) {
+			return p.dp.State(), false, nil // the PUT's version check proves it
 		}
 		if ok, err := p.revalidate(ctx, creds); err != nil || ok {
 			return p.dp.State(), ok, err
@@ -474,8 +475,7 @@ func (p *Proxy) stateFor(ctx context.Context, creds apisix.Credentials, fresh bo
 	if err != nil {
 		return nil, false, err
 	}
-	dials, counted := p.api.DialCount()
-	p.noteMoves(p.dp.Read(st, digest, lastModified, p.api.NoHead(), dials, counted), how)
+	p.noteMoves(p.dp.Read(st, digest, lastModified, p.api.NoHead(), p.api.DecideConn()), how)
 	return st, true, nil
 }
 
@@ -488,7 +488,7 @@ func (p *Proxy) revalidate(ctx context.Context, creds apisix.Credentials) (bool,
 		return false, err
 	}
 	if head != nil && p.dp.Matches(head.Digest, head.LastModified) {
-		p.dp.Confirm(p.api.DialCount())
+		p.dp.Confirm(p.api.DecideConn())
 		return true, nil
 	}
 	return false, nil
@@ -569,9 +569,8 @@ func (p *Proxy) count(res *rewrite.Result, out outgoingPut, ans *apisix.Answer) 
 // says once per merged section that confshim had no memory of ownership, and keeps
 // the credentials of a caller whose PUT APISIX accepted for re-seeding.
 func (p *Proxy) answered(pr *putRequest, ans *apisix.Answer, res *rewrite.Result, prepared *rewrite.Prepared, out outgoingPut) {
-	dials, counted := p.api.DialCount()
 	unowned := p.dp.Answered(dataplane.Outcome{Status: ans.Status, Digest: ans.Header.Get("X-Digest"), LastModified: ans.Header.Get("X-Last-Modified"),
-		Res: res, Prepared: prepared, NoOp: out.noop, Dials: dials, Counted: counted})
+		Res: res, Prepared: prepared, NoOp: out.noop, Conn: p.api.DecideConn()})
 	if ans.Status/100 == 2 && p.watch != nil {
 		p.watch.Accepted(pr.creds) // for re-seeding; memory only
 	}

@@ -52,6 +52,7 @@ type fallbackResult struct {
 	changed  []string           // sections whose content is a correction, not the client's decided copy
 	versions map[string]float64 // a second step's versions (above the corrected PUT's)
 	plan     *rewrite.Plan      // the correction of the forwarded body (a second step starts from it)
+	accepted *rewrite.Accepted  // the accepted copies it was made with (and a second step too)
 }
 
 // tryFallback is called after APISIX answered a decided PUT 400; nil means the client
@@ -74,10 +75,10 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 		found, ok := pr.rejections(ctx, round, plan, respBody)
 		if !ok || len(found) == 0 {
 			if round == 0 {
-				p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackUnavailable)).Inc()
+				p.m.FallbackPut(metrics.FallbackUnavailable)
 				p.log.Info().Str("event", "fallback").Str("result", "unavailable").Msg("APISIX rejected an item but did not say which one; its answer goes to the client")
 			} else {
-				p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackRejected)).Inc()
+				p.m.FallbackPut(metrics.FallbackRejected)
 			}
 			return nil, nil
 		}
@@ -105,7 +106,7 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 		r2, done, err := p.forwardPut(apisix.NoRedial(ctx), apisix.Decide, pr.r, next)
 		pr.sent = append(pr.sent, done)
 		if err != nil {
-			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackUnavailable)).Inc()
+			p.m.FallbackPut(metrics.FallbackUnavailable)
 			if errors.Is(err, apisix.ErrRedial) || errors.Is(err, apisix.ErrConnectionHeld) {
 				return nil, nil // never sent: the first answer stands
 			}
@@ -116,11 +117,11 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 			if err != nil {
 				return nil, nil
 			}
-			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackApplied)).Inc()
-			return &fallbackResult{ans: r2, out: next, prepared: prepared, held: held, plan: plan}, nil
+			p.m.FallbackPut(metrics.FallbackApplied)
+			return &fallbackResult{ans: r2, out: next, prepared: prepared, held: held, plan: plan, accepted: accepted}, nil
 		}
 		if r2.Status != http.StatusBadRequest || p.api.HasValidate() || !itemLevel(r2.Body) {
-			p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackRejected)).Inc()
+			p.m.FallbackPut(metrics.FallbackRejected)
 			p.log.Info().Str("event", "fallback").Str("result", "rejected").Int("status", r2.Status).Str("error", errorMessage(r2.Body)).
 				Msg("APISIX rejected the corrected PUT too; its first answer goes to the client")
 			return nil, nil
@@ -181,17 +182,17 @@ func (pr *putRequest) fallBack(out outgoingPut, res *rewrite.Result, respBody []
 // unavailable counts and logs a fallback that could not go on: the client gets the last
 // complete answer confshim has.
 func (pr *putRequest) unavailable(why string, err error) {
-	pr.p.m.FallbackPuts.WithLabelValues(string(metrics.FallbackUnavailable)).Inc()
+	pr.p.m.FallbackPut(metrics.FallbackUnavailable)
 	pr.p.log.Info().Str("event", "fallback").Str("result", "unavailable").Str("error", apisix.SafeError(err)).
 		Msg(why + "; the last complete answer goes to the client")
 }
 
-// afterAccepted records what was held back once APISIX accepted the sync: the record
-// forgets the sections whose content is a correction, not the client's decided copy,
-// and a correction made before the PUT is kept for the same client bytes next time.
-func (pr *putRequest) afterAccepted(fb *fallbackResult) {
+// afterAccepted records what was held back (held: allHeld) once APISIX accepted the
+// sync: the record forgets the sections whose content is a correction, not the
+// client's decided copy, and a correction made before the PUT is kept for the same
+// client bytes next time.
+func (pr *putRequest) afterAccepted(fb *fallbackResult, held []dataplane.Held) {
 	p := pr.p
-	held := pr.allHeld(fb)
 	if fb != nil {
 		p.dp.Backfilled(fb.changed, fb.versions)
 	}
@@ -202,8 +203,8 @@ func (pr *putRequest) afterAccepted(fb *fallbackResult) {
 	}
 }
 
-// held is every item this PUT held back: before it (the steady state) and after APISIX
-// rejected the corrected body (new items).
+// allHeld is every item this PUT held back: before it (the steady state) and after
+// APISIX rejected the corrected body (new items).
 func (pr *putRequest) allHeld(fb *fallbackResult) []dataplane.Held {
 	if fb == nil {
 		return pr.heldBeforePut
@@ -462,11 +463,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 			}
 		}
 	}
-	accepted, err := pr.acceptedCopies(ctx)
-	if err != nil {
-		return nil
-	}
-	held := pr.hold(plan, accepted, still)
+	held := pr.hold(plan, fb.accepted, still)
 	plan.Splice.Versions = versions
 	body, err := plan.Apply()
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/confshim/confshim/internal/testsupport/emulator"
 	"github.com/confshim/confshim/internal/testsupport/testcerts"
+	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
 func TestAllowCIDRs(t *testing.T) {
@@ -126,8 +127,8 @@ func slowPut(t *testing.T, f *fixture, digest string) (pw *io.PipeWriter, done <
 func TestSlowClientDoesNotHoldThePutLock(t *testing.T) {
 	f := newFixture(t, nil, nil)
 	pw, slowDone := slowPut(t, f, "slow")
-	_, _ = io.WriteString(pw, `{"routes_conf_version":`)       // half a body, then silence
-	waitUntil(t, func() bool { return len(f.rec.all()) >= 1 }) // the slow PUT was probed and is being read
+	_, _ = io.WriteString(pw, `{"routes_conf_version":`)                                   // half a body, then silence
+	wait.For(t, "the slow PUT to be probed", func() bool { return len(f.rec.all()) >= 1 }) // and being read
 	// the fast PUT lands while the slow body is still incomplete: had the slow client
 	// held the lock, this would wait until the test's deadline
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -272,7 +273,7 @@ func TestGetsGoOnWhileAPutIsInFlight(t *testing.T) {
 	}
 	before := heads()
 	second := putAsync(t, f, `{"routes_conf_version":2}`, "b")
-	waitUntil(t, func() bool { return heads() > before }) // the second PUT was probed: it is on its way
+	wait.For(t, "the second PUT to be probed", func() bool { return heads() > before }) // it is on its way
 	close(release)
 	if got := <-putDone; got != http.StatusAccepted {
 		t.Fatalf("first PUT: %d", got)
@@ -411,7 +412,7 @@ func TestClientGoneWhileSendingOrWaiting(t *testing.T) {
 			t.Fatalf("the abandoned PUT reached APISIX: %d PUTs", got)
 		}
 		// counted as a client gone (499), never as answered
-		waitUntil(t, func() bool { return testutil.ToFloat64(f.m.Requests.WithLabelValues("PUT", "configs_put", "499")) == 1 })
+		wait.For(t, "the abandoned PUT counted as 499", func() bool { return testutil.ToFloat64(f.m.Requests.WithLabelValues("PUT", "configs_put", "499")) == 1 })
 		if got := testutil.ToFloat64(f.m.Requests.WithLabelValues("PUT", "configs_put", "200")); got != 0 {
 			t.Fatalf("a client gone while waiting counted as 200 (%v)", got)
 		}
@@ -478,7 +479,7 @@ func TestBodyBudgetAnswers503WithRetryAfter(t *testing.T) {
 	go func() {
 		first <- do(t, "PUT", f.url+"/apisix/admin/configs", body, withKey(map[string]string{"X-Digest": "a"})).status
 	}()
-	waitUntil(t, func() bool { return len(f.rec.puts()) == 1 })
+	wait.For(t, "the first PUT to reach the data plane", func() bool { return len(f.rec.puts()) == 1 })
 	r := do(t, "PUT", f.url+"/apisix/admin/configs", body, withKey(map[string]string{"X-Digest": "b"}))
 	close(hold)
 	if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" || !strings.Contains(r.body, "budget") {
@@ -493,17 +494,6 @@ func TestBodyBudgetAnswers503WithRetryAfter(t *testing.T) {
 	// the budget came back: the same body now lands
 	if r := do(t, "PUT", f.url+"/apisix/admin/configs", body, withKey(map[string]string{"X-Digest": "c"})); r.status != http.StatusAccepted {
 		t.Fatalf("after the first body: %d", r.status)
-	}
-}
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out")
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }
 
@@ -593,7 +583,7 @@ func TestAWriteWhileTheBodyArrives(t *testing.T) {
 	f := newFixture(t, nil, nil)
 	pw, done := slowPut(t, f, "slow")
 	_, _ = io.WriteString(pw, `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/a"}],`)
-	waitUntil(t, func() bool { return len(f.rec.all()) >= 1 }) // probed
+	wait.For(t, "the PUT to be probed", func() bool { return len(f.rec.all()) >= 1 })
 	oob := httptest.NewRequest("PUT", "/apisix/admin/configs", strings.NewReader(`{"secrets_conf_version":5,"secrets":[{"id":"vault/1","uri":"http://v"}]}`))
 	oob.Header.Set("X-API-KEY", key)
 	oob.Header.Set("X-Digest", "oob")

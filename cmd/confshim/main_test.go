@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/confshim/confshim/internal/testsupport/apisixtest"
+	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
 func noEnv(string) (string, bool) { return "", false }
@@ -223,21 +224,9 @@ func TestHealthAndReadiness(t *testing.T) {
 	dp.Close()
 	// once the last answer is older than the window and HEAD /apisix/admin fails,
 	// /readyz turns 503; /healthz never depends on the upstream
-	waitFor(t, "/readyz 503 with the data plane down", func() bool { return get(t, "http://"+a.metrics+"/readyz") == 503 })
+	wait.For(t, "/readyz 503 with the data plane down", func() bool { return get(t, "http://"+a.metrics+"/readyz") == 503 })
 	if get(t, "http://"+a.metrics+"/healthz") != 200 {
 		t.Fatal("/healthz never depends on the upstream")
-	}
-}
-
-// waitFor polls cond until it holds (a positive outcome, never a fixed sleep).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -284,7 +273,7 @@ func TestShutdownDrainsInFlightRequests(t *testing.T) {
 	exited := make(chan int, 1)
 	go func() { exited <- stop() }()
 	// /readyz turns 503 once shutdown starts, while the request is still in flight
-	waitFor(t, "/readyz 503 during the drain", func() bool { return get(t, "http://"+a.metrics+"/readyz") == 503 })
+	wait.For(t, "/readyz 503 during the drain", func() bool { return get(t, "http://"+a.metrics+"/readyz") == 503 })
 	close(gate)
 	if got := <-status; got != 200 {
 		t.Fatalf("the in-flight request was not drained: %d", got)

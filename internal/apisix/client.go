@@ -186,10 +186,17 @@ func (c *Client) DialCount() (uint64, bool) { return c.tr.dialCount() }
 // open: the transport drops an idle connection after 50 s (APISIX after 60 s).
 const decideIdleLimit = 40 * time.Second
 
-// DecideOpen: the decide connection answered recently enough to be open still (a PUT
-// that may not redial would otherwise find it dropped as idle and be decided again).
-func (c *Client) DecideOpen() bool {
-	return time.Since(time.Unix(0, c.decideUsed.Load())) < decideIdleLimit
+// DecideConn names the decide connection as it stands, for a belief to be tied to: it
+// changes whenever the connection is redialled, and is 0 when the connection cannot be
+// vouched for — its dials are not counted (a test transport), or it idled long enough
+// for the transport to have dropped it (a PUT that may not redial would then be
+// decided again).
+func (c *Client) DecideConn() uint64 {
+	n, counted := c.tr.dialCount()
+	if !counted || time.Since(time.Unix(0, c.decideUsed.Load())) >= decideIdleLimit {
+		return 0
+	}
+	return n
 }
 
 func (c *Client) noteConn(conn Conn) {
@@ -424,7 +431,7 @@ func (c *Client) PutConfig(ctx context.Context, creds Credentials, body []byte, 
 // the PUTs): no key but key's, no decode of the configuration on APISIX. It keeps that
 // connection open between syncs and returns the Server header.
 func (c *Client) Ping(ctx context.Context, key string) (string, error) {
-	a, err := c.head(ctx, Decide, key, min(c.timeout, 5*time.Second))
+	a, err := c.headAdmin(ctx, Decide, key, min(c.timeout, 5*time.Second))
 	if err != nil {
 		return "", err
 	}
@@ -433,11 +440,12 @@ func (c *Client) Ping(ctx context.Context, key string) (string, error) {
 
 // Alive is HEAD /apisix/admin on the shared connections, within d (readiness).
 func (c *Client) Alive(ctx context.Context, key string, d time.Duration) bool {
-	_, err := c.head(ctx, Shared, key, d)
+	_, err := c.headAdmin(ctx, Shared, key, d)
 	return err == nil
 }
 
-func (c *Client) head(ctx context.Context, conn Conn, key string, d time.Duration) (*Answer, error) {
+// headAdmin is HEAD /apisix/admin within d: APISIX needs no key and decodes nothing.
+func (c *Client) headAdmin(ctx context.Context, conn Conn, key string, d time.Duration) (*Answer, error) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	header := http.Header{}

@@ -41,10 +41,9 @@ type Belief struct {
 	// believed are the versions the data plane holds as confshim last knew them: a read
 	// that shows others is an out-of-band write
 	believed map[string]float64
-	// trusted: state was confirmed (read, or written by an accepted PUT) on the decide
-	// connection that is still the one open (trustedDials), with no doubt since
-	trusted      bool
-	trustedDials uint64
+	// trustedConn is the decide connection the state was confirmed on (read, or
+	// written by an accepted PUT), with no doubt since; 0: not trusted
+	trustedConn uint64
 
 	held       map[string]Held // §8.5: the items held back in the last accepted sync
 	correction *Correction     // and the correction made before that PUT
@@ -155,24 +154,22 @@ func (b *Belief) Matches(digest, lastModified string) bool {
 	return b.state != nil && digest == b.digest && lastModified == b.lastModify
 }
 
-// Trusts: the state was confirmed on the decide connection that is still open (dials
-// is its count of connections), with no doubt since, so a sync may be decided on it
-// unread — APISIX's version check proves it.
-func (b *Belief) Trusts(dials uint64, counted bool) bool {
-	return counted && b.trusted && dials == b.trustedDials && b.state != nil && b.lastModify != ""
+// Trusts: the state was confirmed on conn, the decide connection still open (as
+// apisix.Client.DecideConn names it; 0 is never trusted), with no doubt since, so a
+// sync may be decided on it unread — APISIX's version check proves it.
+func (b *Belief) Trusts(conn uint64) bool {
+	return conn != 0 && conn == b.trustedConn && b.state != nil && b.lastModify != ""
 }
 
-// Confirm: the state was just confirmed on the decide connection (dials as counted now).
-func (b *Belief) Confirm(dials uint64, counted bool) {
-	b.trusted, b.trustedDials = counted, dials
-}
+// Confirm: the state was just confirmed on conn.
+func (b *Belief) Confirm(conn uint64) { b.trustedConn = conn }
 
 // Distrust: a sign of doubt (a failed ping, a re-opened connection, another Server, a
 // PUT not accepted): the next sync reads first.
-func (b *Belief) Distrust() { b.trusted = false }
+func (b *Belief) Distrust() { b.trustedConn = 0 }
 
 func (b *Belief) setState(st *rewrite.State, digest, lastModified string) {
-	b.state, b.digest, b.lastModify, b.trusted = st, digest, lastModified, false
+	b.state, b.digest, b.lastModify, b.trustedConn = st, digest, lastModified, 0
 	b.publish()
 }
 
@@ -191,9 +188,9 @@ func (b *Belief) Forget() {
 // Read records a state read on the decide connection: the state, confirmed, and the
 // out-of-band writes it shows against what confshim believed. A data plane that holds
 // nothing (restarted; noHead: APISIX 3.13 tells no metadata) is no writer's doing.
-func (b *Belief) Read(st *rewrite.State, digest, lastModified string, noHead bool, dials uint64, counted bool) []Move {
+func (b *Belief) Read(st *rewrite.State, digest, lastModified string, noHead bool, conn uint64) []Move {
 	b.setState(st, digest, lastModified)
-	b.Confirm(dials, counted)
+	b.Confirm(conn)
 	believed := b.believed
 	if lastModified == "" && !noHead {
 		b.believed = nil
@@ -219,8 +216,7 @@ type Outcome struct {
 	Res                  *rewrite.Result   // the decision; nil: the body went untouched
 	Prepared             *rewrite.Prepared // what APISIX took (after a fallback, the corrected body)
 	NoOp                 bool              // sent with the data plane's own digest (§8.2)
-	Dials                uint64            // the decide connection's count, as the answer came
-	Counted              bool
+	Conn                 uint64            // the decide connection the answer came on (DecideConn)
 }
 
 // Answered is the one transition per answer to a forwarded PUT: the kept
@@ -252,7 +248,7 @@ func (b *Belief) Answered(o Outcome) (unowned []rewrite.MergeReport) {
 		b.setState(nil, "", "")
 		if o.Digest != "" && o.LastModified != "" {
 			b.setState(applied, o.Digest, o.LastModified)
-			b.Confirm(o.Dials, o.Counted) // APISIX's 202 on the decide connection
+			b.Confirm(o.Conn) // APISIX's 202 on the decide connection
 		}
 	}
 	return unowned
@@ -323,20 +319,20 @@ func (b *Belief) Backfilled(sections []string, versions map[string]float64) {
 
 // Reseeded records a re-seed APISIX accepted: the kept configuration is what the data
 // plane holds again, versions included, and the record still holds.
-func (b *Belief) Reseeded(k *Kept, digest, lastModified string, dials uint64, counted bool) {
+func (b *Belief) Reseeded(k *Kept, digest, lastModified string, conn uint64) {
 	b.setKept(&Kept{Digest: digest, LastModified: lastModified, Versions: k.Versions, Items: k.Items, Owned: k.Owned})
 	b.believed = k.Versions
 	b.setState(nil, "", "")
 	if digest != "" && lastModified != "" {
 		b.setState(&rewrite.State{Versions: k.Versions}, digest, lastModified)
-		b.Confirm(dials, counted)
+		b.Confirm(conn)
 	}
 }
 
 // Refreshed records the watch's read of a data plane that changed without confshim:
 // the state and the kept configuration both follow it.
-func (b *Belief) Refreshed(st *rewrite.State, digest, lastModified string, noHead bool, dials uint64, counted bool) []Move {
-	moved := b.Read(st, digest, lastModified, noHead, dials, counted)
+func (b *Belief) Refreshed(st *rewrite.State, digest, lastModified string, noHead bool, conn uint64) []Move {
+	moved := b.Read(st, digest, lastModified, noHead, conn)
 	b.setKept(KeptFromState(st, digest, lastModified, b.owned))
 	b.refreshDue.Store(false)
 	return moved

@@ -61,14 +61,17 @@ func newBelief(t *testing.T) *Belief {
 
 func TestAfterA202TheWriteIsBelievedAndTrusted(t *testing.T) {
 	b := newBelief(t)
-	b.Read(readState(t, stored), "d0", "100", false, 1, true)
+	b.Read(readState(t, stored), "d0", "100", false, 1)
 	res, prepared := decided(t, b, `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/b"}],"secrets_conf_version":0}`)
-	b.Answered(Outcome{Status: 202, Digest: "c1+x", LastModified: "101", Res: res, Prepared: prepared, Dials: 1, Counted: true})
-	if !b.Trusts(1, true) {
+	b.Answered(Outcome{Status: 202, Digest: "c1+x", LastModified: "101", Res: res, Prepared: prepared, Conn: 1})
+	if !b.Trusts(1) {
 		t.Fatal("a 202 on the decide connection must leave the state trusted")
 	}
-	if b.Trusts(2, true) {
+	if b.Trusts(2) {
 		t.Fatal("a re-opened connection (another dial) must end the trust")
+	}
+	if b.Trusts(0) {
+		t.Fatal("a connection that cannot be vouched for (0) is never trusted")
 	}
 	if v := b.State().Version("routes"); v != 5 || b.Digest() != "c1+x" || b.LastModified() != "101" {
 		t.Fatalf("state after the 202: routes %v, %q %q", v, b.Digest(), b.LastModified())
@@ -90,14 +93,14 @@ func TestAfterA202TheWriteIsBelievedAndTrusted(t *testing.T) {
 
 func TestA204ChangesTheRecordOnlyForTheNoOpPut(t *testing.T) {
 	b := newBelief(t)
-	b.Read(readState(t, stored), "d0", "100", false, 1, true)
+	b.Read(readState(t, stored), "d0", "100", false, 1)
 	record := b.Record()
 	res, prepared := decided(t, b, `{"routes_conf_version":3,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":0}`)
-	b.Answered(Outcome{Status: 204, Res: res, Prepared: prepared, Dials: 1, Counted: true}) // the client's own digest
+	b.Answered(Outcome{Status: 204, Res: res, Prepared: prepared, Conn: 1}) // the client's own digest
 	if b.Record() != record {
 		t.Fatal("a 204 to the client's digest proves nothing about the body: the record must not move")
 	}
-	b.Answered(Outcome{Status: 204, Res: res, Prepared: prepared, NoOp: true, Dials: 1, Counted: true})
+	b.Answered(Outcome{Status: 204, Res: res, Prepared: prepared, NoOp: true, Conn: 1})
 	if b.Record() == record {
 		t.Fatal("a 204 to confshim's no-op PUT confirms the body: the record must follow it")
 	}
@@ -108,11 +111,11 @@ func TestA204ChangesTheRecordOnlyForTheNoOpPut(t *testing.T) {
 
 func TestARejectionEndsTheTrustAndKeepsTheState(t *testing.T) {
 	b := newBelief(t)
-	b.Read(readState(t, stored), "d0", "100", false, 1, true)
+	b.Read(readState(t, stored), "d0", "100", false, 1)
 	res, prepared := decided(t, b, `{"routes_conf_version":5,"routes":[{"id":"r1","plugins":{"nope":{}}}],"secrets_conf_version":0}`)
 	kept := b.Kept()
-	b.Answered(Outcome{Status: 400, Res: res, Prepared: prepared, Dials: 1, Counted: true})
-	if b.Trusts(1, true) {
+	b.Answered(Outcome{Status: 400, Res: res, Prepared: prepared, Conn: 1})
+	if b.Trusts(1) {
 		t.Fatal("after a rejection the next sync must read first")
 	}
 	if b.State() == nil || b.State().Version("routes") != 3 || b.Kept() != kept {
@@ -122,22 +125,22 @@ func TestARejectionEndsTheTrustAndKeepsTheState(t *testing.T) {
 
 func TestAnUntouchedBodyThatLandedForgetsEverything(t *testing.T) {
 	b := newBelief(t)
-	b.Read(readState(t, stored), "d0", "100", false, 1, true)
+	b.Read(readState(t, stored), "d0", "100", false, 1)
 	b.Answered(Outcome{Status: 202, Digest: "x", LastModified: "101"})
 	if b.State() != nil || b.Record() != nil || b.Kept() != nil || !b.RefreshDue() {
 		t.Fatal("a body confshim did not decide landed: it knows nothing and the watch reads back")
 	}
 	// and the next read blames nobody
-	if moved := b.Read(readState(t, `{"routes_conf_version":9,"secrets_conf_version":1}`), "x", "101", false, 1, true); len(moved) != 0 {
+	if moved := b.Read(readState(t, `{"routes_conf_version":9,"secrets_conf_version":1}`), "x", "101", false, 1); len(moved) != 0 {
 		t.Fatalf("moves after an untouched write: %+v", moved)
 	}
 }
 
 func TestABackfillForgetsTheCorrectedSections(t *testing.T) {
 	b := newBelief(t)
-	b.Read(readState(t, stored), "d0", "100", false, 1, true)
+	b.Read(readState(t, stored), "d0", "100", false, 1)
 	res, prepared := decided(t, b, `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/b"}],"secrets_conf_version":0}`)
-	b.Answered(Outcome{Status: 202, Digest: "c1+b", LastModified: "101", Res: res, Prepared: prepared, Dials: 1, Counted: true})
+	b.Answered(Outcome{Status: 202, Digest: "c1+b", LastModified: "101", Res: res, Prepared: prepared, Conn: 1})
 	body := `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/b"}],"secrets_conf_version":0}`
 	if _, err := rw.Decide(mustPrepare(t, body), rewrite.Input{Body: []byte(body), State: b.State(), Record: b.Record()}); err != nil {
 		t.Fatalf("before the backfill the record vouches for routes: %v", err)
@@ -152,7 +155,7 @@ func TestABackfillForgetsTheCorrectedSections(t *testing.T) {
 	if b.State() != nil || b.Kept() != nil || !b.RefreshDue() {
 		t.Fatal("after a second step the state and the kept configuration are read again")
 	}
-	moved := b.Read(readState(t, `{"routes_conf_version":6,"secrets_conf_version":1}`), "c1+b+2", "102", false, 1, true)
+	moved := b.Read(readState(t, `{"routes_conf_version":6,"secrets_conf_version":1}`), "c1+b+2", "102", false, 1)
 	if len(moved) != 0 {
 		t.Fatalf("the second step's own versions counted as an out-of-band write: %+v", moved)
 	}
@@ -170,42 +173,42 @@ func mustPrepare(t *testing.T, body string) *rewrite.Prepared {
 func TestAReseedIsBelievedAsTheKeptConfiguration(t *testing.T) {
 	b := newBelief(t)
 	k := KeptFromState(readState(t, stored), "d0", "100", nil)
-	b.Read(readState(t, `{"routes_conf_version":0,"secrets_conf_version":0}`), "", "", false, 2, true) // restarted empty
+	b.Read(readState(t, `{"routes_conf_version":0,"secrets_conf_version":0}`), "", "", false, 2) // restarted empty
 	if !b.Empty(false) {
 		t.Fatal("a state without X-Last-Modified is an empty data plane")
 	}
-	b.Reseeded(k, "d0", "200", 2, true)
-	if b.Empty(false) || !b.Trusts(2, true) || b.State().Version("secrets") != 1 || b.Kept().LastModified != "200" {
+	b.Reseeded(k, "d0", "200", 2)
+	if b.Empty(false) || !b.Trusts(2) || b.State().Version("secrets") != 1 || b.Kept().LastModified != "200" {
 		t.Fatalf("after the re-seed: %+v %+v", b.State(), b.Kept())
 	}
-	if moved := b.Read(readState(t, stored), "d0", "200", false, 2, true); len(moved) != 0 {
+	if moved := b.Read(readState(t, stored), "d0", "200", false, 2); len(moved) != 0 {
 		t.Fatalf("the re-seed's versions counted as an out-of-band write: %+v", moved)
 	}
 }
 
 func TestAnOutOfBandWriteIsLearntOnce(t *testing.T) {
 	b := newBelief(t)
-	b.Read(readState(t, stored), "d0", "100", false, 1, true)
+	b.Read(readState(t, stored), "d0", "100", false, 1)
 	oob := `{"routes_conf_version":3,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":2,"secrets":[{"id":"vault/2","uri":"http://v"}]}`
-	moved := b.Read(readState(t, oob), "oob", "150", false, 1, true)
+	moved := b.Read(readState(t, oob), "oob", "150", false, 1)
 	if !slices.Equal(moved, []Move{{Section: "secrets", From: 1, To: 2}}) {
 		t.Fatalf("moves %+v, want secrets 1 -> 2", moved)
 	}
-	if again := b.Read(readState(t, oob), "oob", "150", false, 1, true); len(again) != 0 {
+	if again := b.Read(readState(t, oob), "oob", "150", false, 1); len(again) != 0 {
 		t.Fatalf("the same write learnt twice: %+v", again)
 	}
 	// a restarted, empty data plane is nobody's write, and neither is the first read
-	if moved := b.Read(readState(t, `{"routes_conf_version":0,"secrets_conf_version":0}`), "", "", false, 2, true); len(moved) != 0 {
+	if moved := b.Read(readState(t, `{"routes_conf_version":0,"secrets_conf_version":0}`), "", "", false, 2); len(moved) != 0 {
 		t.Fatalf("a restart counted as a write: %+v", moved)
 	}
 	fresh := newBelief(t)
-	if moved := fresh.Read(readState(t, oob), "oob", "150", false, 1, true); len(moved) != 0 {
+	if moved := fresh.Read(readState(t, oob), "oob", "150", false, 1); len(moved) != 0 {
 		t.Fatalf("the first read counted as a write: %+v", moved)
 	}
 	// a conflict doubts the state but keeps what was believed, to tell what moved
-	b.Read(readState(t, oob), "oob", "150", false, 1, true)
+	b.Read(readState(t, oob), "oob", "150", false, 1)
 	b.Doubt()
-	moved = b.Read(readState(t, `{"routes_conf_version":4,"secrets_conf_version":2}`), "oob2", "160", false, 1, true)
+	moved = b.Read(readState(t, `{"routes_conf_version":4,"secrets_conf_version":2}`), "oob2", "160", false, 1)
 	if !slices.Equal(moved, []Move{{Section: "routes", From: 3, To: 4}}) {
 		t.Fatalf("after a conflict: %+v, want routes 3 -> 4", moved)
 	}

@@ -242,8 +242,7 @@ func (w *Watcher) refresh(ctx context.Context, digest, lastModified string) {
 	if err != nil || lm == "" {
 		return
 	}
-	dials, counted := w.cfg.API.DialCount()
-	w.cfg.OnMoves(b.Refreshed(st, d, lm, w.cfg.API.NoHead(), dials, counted), Learnt)
+	w.cfg.OnMoves(b.Refreshed(st, d, lm, w.cfg.API.NoHead(), w.cfg.API.DecideConn()), Learnt)
 	w.cfg.Log.Debug().Str("event", "kept_refreshed").Msg("read the data plane's configuration back after a write confshim did not make")
 }
 
@@ -306,9 +305,8 @@ func (w *Watcher) ReseedLocked(ctx context.Context, foundEmpty time.Time, caller
 	}
 	w.cfg.Log.Info().Str("event", "reseed").Str("result", "restored").Dict("versions", versions).
 		Dur("after", took).Msg("the data plane had lost its configuration; restored the kept one")
-	dials, counted := api.DialCount()
 	// the record still holds: the data plane has the same versions and content again
-	b.Reseeded(k, ans.Header.Get("X-Digest"), ans.Header.Get("X-Last-Modified"), dials, counted)
+	b.Reseeded(k, ans.Header.Get("X-Digest"), ans.Header.Get("X-Last-Modified"), api.DecideConn())
 	return true
 }
 
