@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -238,20 +237,29 @@ func (pr *putRequest) forward() *answer {
 			p.upstreamFailed(pr.w, pr.r, err, "PUT "+ConfigsPath)
 			return nil
 		}
-		if ans.Status == http.StatusBadRequest && bytes.Contains(ans.Body, []byte(conflictMessage)) {
+		if isConflict(ans) {
 			p.dp.Doubt() // something wrote in between: never trust the cache again
 			if res != nil && !conflictRetried {
 				conflictRetried = true
-				pr.learnt = learntByConflict
-				p.m.ConflictRetries.Inc()
-				p.log.Info().Str("event", "conflict_retry").Msg("APISIX rejected a version a concurrent write raised; reading its state again")
+				pr.decideAgain(staleBelief{})
 				continue
 			}
 		}
 		var fb *fallbackResult
 		if ans.Status == http.StatusBadRequest {
 			var lost error
-			if fb, lost = pr.fallBack(out, res, ans.Body); lost != nil {
+			fb, lost = pr.fallBack(out, res, ans.Body)
+			var stale staleBelief
+			switch {
+			case errors.As(lost, &stale) && !conflictRetried:
+				conflictRetried = true
+				pr.decideAgain(stale)
+				continue
+			case errors.As(lost, &stale):
+				// stale twice: APISIX's first answer is the client's; what it holds is read next time
+				p.dp.Forget()
+				fb = nil
+			case lost != nil:
 				// a corrected PUT got no answer: whether APISIX applied it is unknown,
 				// so confshim believes nothing and says so
 				p.dp.Forget()
@@ -279,6 +287,20 @@ func (pr *putRequest) forward() *answer {
 		}
 		return &answer{ans: ans, actions: actionsHeader(ans, res, held)}
 	}
+}
+
+// decideAgain: a PUT of this sync met a version conflict, so the belief it was decided
+// on was stale: the state is read and the whole sync decided again, once (§5.4).
+func (pr *putRequest) decideAgain(stale staleBelief) {
+	p := pr.p
+	if stale.landed {
+		p.dp.Forget() // a corrected PUT of this sync moved versions: nobody else's doing
+	} else {
+		p.dp.Doubt()
+		pr.learnt = learntByConflict
+	}
+	p.m.ConflictRetries.Inc()
+	p.log.Info().Str("event", "conflict_retry").Msg("APISIX rejected a version a concurrent write raised; reading its state and deciding the sync again")
 }
 
 // send forwards one complete PUT. A decided body goes on the connection its state was
@@ -333,12 +355,14 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 		}
 	}
 	pr.in.State, pr.in.Record, pr.in.Owned = st, p.dp.Record(), p.dp.Owned()
+	pr.in.Now, pr.in.Unread = float64(time.Now().UnixMilli()), !verified
 	buf := p.getBuf()
 	pr.in.Buf = *buf
 	start := time.Now()
 	res, err := p.rw.Decide(pr.prepared, pr.in)
-	if err == nil && !verified && res.Bumps() {
-		// a bump decided unread could equal a version a writer set meanwhile: look first
+	if err == nil && !verified && res.Unsure() {
+		// a version decided unread that the clock did not choose could equal one a
+		// writer set meanwhile: look first
 		ok, herr := p.revalidate(ctx, pr.creds)
 		switch {
 		case herr != nil:
@@ -357,7 +381,7 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 			}
 			return nil, err
 		}
-		pr.in.State = st
+		pr.in.State, pr.in.Unread = st, false
 		start = time.Now()
 		res, err = p.rw.Decide(pr.prepared, pr.in)
 	}
@@ -457,60 +481,6 @@ func (p *Proxy) probe(ctx context.Context, creds apisix.Credentials) error {
 
 // stateLimit bounds a configuration confshim reads from the data plane.
 func (p *Proxy) stateLimit() int64 { return 4 * p.cfg.MaxBodyBytes }
-
-// stateFor returns the data plane's state under the PUT lock, on the decide connection:
-// the cached copy unread while the belief is trusted on that connection (verified is
-// then false: the PUT's version check proves it, see internal/reseed's package doc),
-// the cached copy when a HEAD shows nobody wrote since, otherwise a GET.
-func (p *Proxy) stateFor(ctx context.Context, creds apisix.Credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
-	if !fresh && p.dp.State() != nil && !p.api.NoHead() {
-		if p.dp.Trusts(p.api.DecideConn()) {
-			return p.dp.State(), false, nil // the PUT's version check proves it
-		}
-		if ok, err := p.revalidate(ctx, creds); err != nil || ok {
-			return p.dp.State(), ok, err
-		}
-	}
-	st, digest, lastModified, err := p.readState(ctx, creds)
-	if err != nil {
-		return nil, false, err
-	}
-	p.noteMoves(p.dp.Read(st, digest, lastModified, p.api.NoHead(), p.api.DecideConn()), how)
-	return st, true, nil
-}
-
-// revalidate is HEAD /apisix/admin/configs on the decide connection: whether the data
-// plane still holds the state confshim has (anything but a match, a changed state or
-// an odd status, is false: a GET decides).
-func (p *Proxy) revalidate(ctx context.Context, creds apisix.Credentials) (bool, error) {
-	head, _, err := p.api.Head(ctx, apisix.Decide, creds)
-	if err != nil {
-		return false, err
-	}
-	if head != nil && p.dp.Matches(head.Digest, head.LastModified) {
-		p.dp.Confirm(p.api.DecideConn())
-		return true, nil
-	}
-	return false, nil
-}
-
-// readState is GET /apisix/admin/configs with the caller's credentials, on the decide
-// connection, parsed.
-func (p *Proxy) readState(ctx context.Context, creds apisix.Credentials) (*rewrite.State, string, string, error) {
-	body, meta, err := p.api.Get(ctx, apisix.Decide, creds, p.stateLimit())
-	var tooBig apisix.TooBigError
-	switch {
-	case errors.As(err, &tooBig):
-		return nil, "", "", BadStateError{err}
-	case err != nil:
-		return nil, "", "", err // refused, another status, or no usable answer
-	}
-	st, err := rewrite.ParseState(body)
-	if err != nil {
-		return nil, "", "", BadStateError{err}
-	}
-	return st, meta.Digest, meta.LastModified, nil
-}
 
 // outgoingPut is the PUT confshim forwards: the body and the X-Digest to send.
 type outgoingPut struct {

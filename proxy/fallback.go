@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
 	"regexp"
 	"slices"
@@ -26,6 +27,26 @@ import (
 // of the same id the data plane last accepted or leaves it out (and any item of the PUT
 // that refers to one left out), and forwards the corrected PUT once. If anything in
 // that fails, the client gets APISIX's first answer unchanged.
+
+// FallbackAnswer is --fallback-answer: what the client is told when items were held back.
+type FallbackAnswer string
+
+const (
+	// AnswerRejection: APISIX's own rejection of a held item (400), while the rest of
+	// the sync is applied, so that a controller reports exactly the held items.
+	AnswerRejection FallbackAnswer = "rejection"
+	// AnswerAccepted: APISIX's answer to the corrected PUT.
+	AnswerAccepted FallbackAnswer = "accepted"
+)
+
+// ParseFallbackAnswer reads --fallback-answer.
+func ParseFallbackAnswer(s string) (FallbackAnswer, error) {
+	switch a := FallbackAnswer(s); a {
+	case AnswerRejection, AnswerAccepted:
+		return a, nil
+	}
+	return "", fmt.Errorf("want rejection or accepted, got %q", s)
+}
 
 // maxPrefixRounds bounds the rounds on 3.13/3.14, one held item per round.
 const maxPrefixRounds = 8
@@ -103,6 +124,9 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 			pr.unavailable("the PUT's deadline passed before the corrected PUT", ctx.Err())
 			return nil, nil
 		}
+		if holds, err := p.stillHolds(ctx, pr.creds, p.dp.Digest(), p.dp.LastModified()); err != nil || !holds {
+			return nil, staleBelief{} // APISIX closed the connection, and what it holds moved: decide again
+		}
 		r2, done, err := p.forwardPut(apisix.NoRedial(ctx), apisix.Decide, pr.r, next)
 		pr.sent = append(pr.sent, done)
 		if err != nil {
@@ -111,6 +135,12 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 				return nil, nil // never sent: the first answer stands
 			}
 			return nil, err
+		}
+		if isConflict(r2) {
+			// the belief the sync was decided on is stale (APISIX ≥ 3.15 checks items
+			// before versions, so an out-of-band write shows only now): decide again
+			p.m.FallbackPut(metrics.FallbackRejected)
+			return nil, staleBelief{}
 		}
 		if r2.Status/100 == 2 {
 			prepared, err := p.rw.Prepare(corrected)
@@ -172,11 +202,29 @@ func (pr *putRequest) fallBack(out outgoingPut, res *rewrite.Result, respBody []
 		return nil, lost
 	}
 	fb.changed = backfilledSections(fb.held)
-	if fb2 := pr.secondStep(fb, res); fb2 != nil {
+	fb2, err := pr.secondStep(fb, res)
+	if err != nil {
+		return nil, err
+	}
+	if fb2 != nil {
 		fb2.changed = fb.changed
 		fb = fb2
 	}
 	return fb, nil
+}
+
+// staleBelief: a PUT sent for the client met a version conflict (or the data plane
+// moved while its connection closed): the belief the sync was decided on is stale, and
+// the whole sync is decided again on a fresh read (§5.4, §8.5). landed: a corrected
+// PUT of this sync was applied before, so the versions confshim believed are its own
+// write's, not a stranger's.
+type staleBelief struct{ landed bool }
+
+func (staleBelief) Error() string { return "the data plane's state moved under the sync; deciding again" }
+
+// isConflict: APISIX refused a PUT for a version below the one it holds.
+func isConflict(a *apisix.Answer) bool {
+	return a.Status == http.StatusBadRequest && bytes.Contains(a.Body, []byte(conflictMessage))
 }
 
 // unavailable counts and logs a fallback that could not go on: the client gets the last
@@ -405,7 +453,7 @@ func (pr *putRequest) reuseCorrection(sections map[string]bool, stateDependent b
 // PUT is applied they pass. APISIX checks against what its workers have applied, which
 // follows a 202 by up to about a second, so validation is retried for up to 2 s. It
 // returns the second PUT's result, or nil.
-func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallbackResult {
+func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) (*fallbackResult, error) {
 	p := pr.p
 	var waiting []dataplane.Held
 	for _, h := range fb.held {
@@ -414,7 +462,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 		}
 	}
 	if len(waiting) == 0 {
-		return nil
+		return nil, nil
 	}
 	ctx := pr.ctx
 	deadline := time.Now().Add(secondStepWindow)
@@ -433,7 +481,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 		select {
 		case <-ctx.Done():
 			pr.unavailable("the PUT's deadline passed while held items were validated again", ctx.Err())
-			return nil
+			return nil, nil
 		case <-time.After(secondStepPause):
 		}
 	}
@@ -441,7 +489,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 		if ctx.Err() != nil {
 			pr.unavailable("the PUT's deadline passed while held items were validated again", ctx.Err())
 		}
-		return nil
+		return nil, nil
 	}
 	// the forwarded body again, holding back only what still fails, the sections that
 	// change once more at a version above the corrected PUT's
@@ -467,13 +515,16 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 	plan.Splice.Versions = versions
 	body, err := plan.Apply()
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	if ctx.Err() != nil {
 		pr.unavailable("the PUT's deadline passed before the second PUT", ctx.Err())
-		return nil
+		return nil, nil
 	}
 	next := outgoingPut{body: body, digest: fb.out.digest + "+2", setDigest: fb.out.setDigest}
+	if holds, err := p.stillHolds(ctx, pr.creds, fb.ans.Header.Get("X-Digest"), fb.ans.Header.Get("X-Last-Modified")); err != nil || !holds {
+		return nil, staleBelief{landed: true}
+	}
 	r2, done, err := p.forwardPut(apisix.NoRedial(ctx), apisix.Decide, pr.r, next)
 	pr.sent = append(pr.sent, done)
 	if err != nil {
@@ -481,18 +532,21 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) *fallb
 		// the state is read afresh next time (the second may have landed)
 		p.dp.Forget()
 		pr.unavailable("the second PUT got no answer", err)
-		return nil
+		return nil, nil
+	}
+	if isConflict(r2) {
+		return nil, staleBelief{landed: true}
 	}
 	if r2.Status/100 != 2 {
-		return nil
+		return nil, nil
 	}
 	prepared, err := p.rw.Prepare(body)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	p.log.Info().Str("event", "fallback").Str("result", "second_put").Int("landed", len(passed)).
 		Msg("items rejected for what the data plane held passed once the rest was applied; sent in a second PUT")
-	return &fallbackResult{ans: r2, out: next, prepared: prepared, held: held, versions: versions}
+	return &fallbackResult{ans: r2, out: next, prepared: prepared, held: held, versions: versions}, nil
 }
 
 // secondStepWindow and secondStepPause: how long and how often held items are

@@ -40,6 +40,9 @@ type Config struct {
 	Preserve        []string      // sections owned by out-of-band writers
 	Merge           []string      // sections shared item by item with out-of-band writers (§8.6)
 	Fallback        bool          // --fallback backfill (§8.5)
+	// FallbackAnswer is --fallback-answer: what the client is told when items were held
+	// back ("" is rejection).
+	FallbackAnswer FallbackAnswer
 	MaxBodyBytes    int64         // larger request bodies get 413
 	UpstreamTimeout time.Duration // per upstream request
 	AdminKey        string        // for confshim's own background requests, never a caller's
@@ -60,6 +63,9 @@ type Config struct {
 	// AllowCIDRs, when not empty, is who may talk to the Admin API through confshim,
 	// checked against the TCP peer (never X-Forwarded-For).
 	AllowCIDRs []netip.Prefix
+	// TrustConnection is --trust-connection: when a sync may be decided without reading
+	// the data plane (§5.4). "" is auto.
+	TrustConnection TrustMode
 
 	UpstreamCAFile             string
 	UpstreamInsecureSkipVerify bool
@@ -94,6 +100,7 @@ type Proxy struct {
 	layout          atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
 	correctedLayout atomic.Pointer[rewrite.Layout] // the last body corrected before the PUT (§8.5)
 	debug           *debugLog                      // what /debug/config shows
+	trust           TrustMode                      // --trust-connection (state.go)
 }
 
 // New validates cfg and returns the proxy; every error names the setting at fault.
@@ -135,6 +142,18 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Metrics == nil {
 		errs = append(errs, errors.New("proxy: Metrics is required"))
 	}
+	if cfg.FallbackAnswer == "" {
+		cfg.FallbackAnswer = AnswerRejection
+	}
+	if _, err := ParseFallbackAnswer(string(cfg.FallbackAnswer)); err != nil {
+		errs = append(errs, fmt.Errorf("--fallback-answer: %v", err))
+	}
+	if cfg.TrustConnection == "" {
+		cfg.TrustConnection = TrustAuto
+	}
+	if _, err := ParseTrustMode(string(cfg.TrustConnection)); err != nil {
+		errs = append(errs, fmt.Errorf("--trust-connection: %v", err))
+	}
 	tlsCfg := apisix.TLSConfig{CAFile: cfg.UpstreamCAFile, InsecureSkipVerify: cfg.UpstreamInsecureSkipVerify,
 		ClientCertFile: cfg.UpstreamClientCertFile, ClientKeyFile: cfg.UpstreamClientKeyFile}
 	transport := cfg.Transport
@@ -157,6 +176,7 @@ func New(cfg Config) (*Proxy, error) {
 		m:        cfg.Metrics,
 		bufs:     make(buffers, 3), // the PUT being read, the one being rewritten, its output
 		budget:   newBodyBudget(cfg.BodyBudgetBytes),
+		trust:    cfg.TrustConnection,
 	}
 	p.debug = &debugLog{}
 	api, err := apisix.New(apisix.Config{Upstream: u, Timeout: cfg.UpstreamTimeout, Transport: transport, Logger: cfg.Logger,

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -525,12 +527,21 @@ func TestYAMLPuts(t *testing.T) {
 		seed.Header.Set("X-Digest", "seed")
 		f.em.ServeHTTP(httptest.NewRecorder(), seed)
 		body := "# ADC never sends YAML, but APISIX accepts it\nroutes_conf_version: 3\nroutes:\n  - id: r1\n    uri: /a\n    enable_websocket: yes\n"
+		start := time.Now()
 		r := do(t, "PUT", f.url+"/apisix/admin/configs", body, withKey(map[string]string{"X-Digest": "y1", "Content-Type": "application/yaml"}))
 		if r.status != http.StatusAccepted || r.header.Get("X-Confshim-Actions") != "routes=bumped" {
 			t.Fatalf("%d %v %s", r.status, r.header, r.body)
 		}
 		put := f.rec.puts()[0]
-		want := strings.Replace(body, "routes_conf_version: 3", "routes_conf_version: 10", 1)
+		// bumped above the data plane's 9 to the clock's milliseconds (§5.1)
+		m := regexp.MustCompile(`routes_conf_version: (\d+)\n`).FindSubmatch(put.body)
+		if m == nil {
+			t.Fatalf("forwarded %q", put.body)
+		}
+		if v, _ := strconv.ParseInt(string(m[1]), 10, 64); v < start.UnixMilli() || v > time.Now().UnixMilli() {
+			t.Fatalf("bumped to %d, want the clock's milliseconds", v)
+		}
+		want := strings.Replace(body, "routes_conf_version: 3", "routes_conf_version: "+string(m[1]), 1)
 		if string(put.body) != want || put.header.Get("Content-Type") != "application/yaml" || !strings.HasPrefix(put.header.Get("X-Digest"), "y1+confshim:") {
 			t.Fatalf("forwarded %q (%s, digest %s), want %q", put.body, put.header.Get("Content-Type"), put.header.Get("X-Digest"), want)
 		}

@@ -320,7 +320,7 @@ func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits
 		}
 		return o, change, changed, nil
 	}
-	return rw.applyUnion(section, o, change, vi, ii, vR, present, vS, merged, kept, e, &p.obj)
+	return rw.applyUnion(section, o, change, vi, ii, vR, present, vS, merged, kept, e, &p.obj, in, res)
 }
 
 // keepVersion is the decision to keep the data plane's copy of a section at its
@@ -344,7 +344,7 @@ func (rw *Rewriter) decideMergedYAML(section string, sl slots, p *Prepared, e *e
 	theirs, err := splitItems(section, in.State.Items[section])
 	if err == nil && knows && allOwned(theirs, owned) {
 		res.owned[section] = owned
-		return rw.decideSection(section, sl, p, e, in, h)
+		return rw.decideSection(section, sl, p, e, in, h, res)
 	}
 	return outcome{}, Change{}, false, &RefuseError{Reason: fmt.Sprintf("YAML body: %s is merged (--merge) and the data plane holds items the client may not own; confshim writes a merged section in JSON only: send this configuration as JSON", clip(section))}
 }
@@ -352,12 +352,25 @@ func (rw *Rewriter) decideMergedYAML(section string, sl slots, p *Prepared, e *e
 // applyUnion sends a merged union that differs from the data plane's copy: at the
 // client's version when it is above vS, else bumped; with the union's items in place
 // of the client's when items were kept (merged).
-func (rw *Rewriter) applyUnion(section string, o outcome, change Change, vi, ii int, vR float64, present bool, vS float64, merged []byte, kept int, e *edits, obj *object) (outcome, Change, bool, error) {
-	next, ok := nextStorable(vS)
-	if present && vR > vS && storable(vR) > vS {
+func (rw *Rewriter) applyUnion(section string, o outcome, change Change, vi, ii int, vR float64, present bool, vS float64, merged []byte, kept int, e *edits, obj *object, in Input, res *Result) (outcome, Change, bool, error) {
+	var next float64
+	switch {
+	case present && vR > vS && storable(vR) > vS && kept == 0 && in.Unread:
+		// the client's own copy at its own version: stamped as a managed section is
+		o.applied = stampClientVersion(section, vi, storable(vR), vS, in, e, obj, res)
+		return o, change, false, nil
+	case present && vR > vS && storable(vR) > vS:
 		next = storable(vR)
-	} else if !ok {
-		return o, change, false, unstorable(section, vS)
+		if now := storable(in.Now); in.Unread && now > next && now < maxVersion {
+			next = now // the union carries the clock's version, as a stamp would
+		} else if least, _ := nextStorable(vS); in.Unread && (next == least || in.Now == 0) {
+			res.unsure = true
+		}
+	default:
+		var ok bool
+		if next, ok = bumpVersion(vS, in, res); !ok {
+			return o, change, false, unstorable(section, vS)
+		}
 	}
 	change.Action, change.To = Bumped, next
 	if kept > 0 {

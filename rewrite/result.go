@@ -64,6 +64,11 @@ type Result struct {
 
 	sections []outcome
 	owned    Ownership // the client's ids in each merged section after this PUT
+	// stamped are the changed sections a decision taken unread sent at Now instead of
+	// the client's version (Input.Unread); unsure: a version was chosen that the clock
+	// did not, so a decision taken unread must be checked first
+	stamped []Change
+	unsure  bool
 }
 
 // Ownership returns the memory of ownership once the data plane accepted this body:
@@ -157,24 +162,19 @@ type SectionOutcome struct {
 	FromBody bool
 }
 
-// Bumps reports whether the decision chose, for some section, a version above the
-// data plane's (a bump, §5.1, or a changed merged union): where it was decided on
-// confshim's record without a fresh read, such a version could equal one an
-// out-of-band writer set meanwhile, which APISIX would take as "keep what you hold".
-func (r *Result) Bumps() bool {
-	if r == nil || len(r.Changes) == 0 {
-		return false
+// Unsure reports whether the decision sends a section the client changed at a version
+// the clock did not choose (Input.Now was not above it): taken unread, that version
+// could equal one an out-of-band writer set meanwhile, which APISIX would take as
+// "keep what you hold", so the caller checks the data plane first.
+func (r *Result) Unsure() bool { return r != nil && r.unsure }
+
+// Stamped lists the sections sent at the clock's version instead of the client's.
+func (r *Result) Stamped() []string {
+	out := make([]string, len(r.stamped))
+	for i, c := range r.stamped {
+		out[i] = c.Section
 	}
-	current := make(map[string]float64, len(r.sections))
-	for _, o := range r.sections {
-		current[o.section] = o.current
-	}
-	for _, c := range r.Changes {
-		if c.To > current[c.Section] {
-			return true
-		}
-	}
-	return false
+	return out
 }
 
 // Outcomes lists the sections the data plane knows after a 202 to the forwarded body.

@@ -102,6 +102,15 @@ type Input struct {
 	Buf []byte
 	// Owned is the memory of which ids the client owns in --merge sections (§8.6).
 	Owned Ownership
+	// Now is the current Unix time in milliseconds: a bump goes to max(vS+1, Now)
+	// (§5.1), a number no other writer picks. 0 (no clock) bumps to vS+1.
+	Now float64
+	// Unread: the state was not read for this decision (§5.4), so an out-of-band writer
+	// may have set any section to any version since. A section the client changed is
+	// then sent at Now when Now is above the client's version (stamped), so that it
+	// cannot equal such a version; where the clock cannot choose (Now is not above the
+	// versions involved), the result is Unsure and the caller looks first.
+	Unread bool
 }
 
 // Prepared is a body scanned once, before any state is known. The proxy prepares
@@ -176,7 +185,7 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 		if rw.merge[section] {
 			o, change, changed, err = rw.decideMerged(section, sl, p, &e, in, &h, res)
 		} else {
-			o, change, changed, err = rw.decideSection(section, sl, p, &e, in, &h)
+			o, change, changed, err = rw.decideSection(section, sl, p, &e, in, &h, res)
 		}
 		if err != nil {
 			return nil, err
@@ -200,7 +209,7 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 	slices.Sort(res.Thinned)
 	slices.SortFunc(e.inserts, func(a, b insert) int { return bytes.Compare(a.name, b.name) })
 	res.NoOp = noop && len(in.State.Versions) > 0
-	if len(res.Changes) == 0 && len(res.Thinned) == 0 {
+	if len(res.Changes) == 0 && len(res.Thinned) == 0 && len(res.stamped) == 0 {
 		res.Body, res.Digest = p.body, in.Digest
 		return res, nil
 	}
@@ -213,7 +222,7 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 	res.Body = e.apply(in.Buf[:0], p.body, &p.obj)
 	res.Digest = in.Digest
 	if in.HasDigest {
-		res.Digest = in.Digest + "+confshim:" + decisionsHash(res.Changes, res.Thinned)
+		res.Digest = in.Digest + "+confshim:" + decisionsHash(res.Changes, res.stamped, res.Thinned)
 	}
 	return res, nil
 }
@@ -252,7 +261,7 @@ func (rw *Rewriter) sections(obj *object, st *State) []sectionRef {
 
 // decideSection handles one section: contract §5.1 and §8.1 for managed sections,
 // §5.3 for preserved ones.
-func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher) (o outcome, change Change, changed bool, err error) {
+func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher, res *Result) (o outcome, change Change, changed bool, err error) {
 	obj := &p.obj
 	vi, ii := sl.version, sl.items
 	o, change, vR, present, err := sectionStart(section, vi, p, in)
@@ -306,10 +315,13 @@ func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edit
 	switch {
 	case vR > vS && !eq && storable(vR) > vS:
 		o.applied = storable(vR)
+		if in.Unread {
+			o.applied = stampClientVersion(section, vi, storable(vR), vS, in, e, obj, res)
+		}
 		return o, change, false, nil
 	case vR > vS && !eq:
 		// a version APISIX would store as vS again: the change would never be served
-		next, ok := nextStorable(vS)
+		next, ok := bumpVersion(vS, in, res)
 		if !ok {
 			return o, change, false, unstorable(section, vS)
 		}
@@ -322,7 +334,7 @@ func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edit
 	case eq:
 		change.Action, change.To = Raised, vS
 	default:
-		next, ok := nextStorable(vS)
+		next, ok := bumpVersion(vS, in, res)
 		if !ok {
 			return o, change, false, unstorable(section, vS)
 		}
@@ -467,16 +479,52 @@ func nextStorable(v float64) (float64, bool) {
 	return 0, false
 }
 
+// bumpVersion is the version a changed section goes to above vS (§5.1): max(vS+1, Now),
+// vS+1 being the smallest storable version above vS. Writers pick their clock's time
+// (ADC) or the last version plus one (a hand-made PUT), so the clock's number is one
+// nobody else picks; vS+1 itself — a clock behind vS — is, and a decision taken
+// unread on it is then Unsure.
+func bumpVersion(vS float64, in Input, res *Result) (float64, bool) {
+	next, ok := nextStorable(vS)
+	if !ok {
+		return 0, false
+	}
+	if now := storable(in.Now); now >= next && now < maxVersion {
+		return now, true
+	}
+	res.unsure = true
+	return next, true
+}
+
+// stampClientVersion is the version a changed section the client sent at vR > vS goes
+// at when the decision was taken unread: max(vR, Now). The clock's number when it is
+// above vR (the section is stamped: part of the digest's decisions, not reported);
+// otherwise vR, and the result is Unsure when vR is vS+1, the number a hand-made PUT
+// would have picked (ADC clamps its version to the last one plus one when its clock is
+// behind).
+func stampClientVersion(section string, vi int, vR, vS float64, in Input, e *edits, obj *object, res *Result) float64 {
+	now := storable(in.Now)
+	if now <= vR || now >= maxVersion {
+		if next, _ := nextStorable(vS); next == vR || in.Now == 0 {
+			res.unsure = true
+		}
+		return vR
+	}
+	e.setVersion(obj, vi, section, now)
+	res.stamped = append(res.stamped, Change{Section: section, From: vR, To: now})
+	return now
+}
+
 // appendVersion writes a version as JSON and YAML read it: integers without exponent
 // or fraction.
 func appendVersion(dst []byte, v float64) []byte { return strconv.AppendFloat(dst, v, 'f', -1, 64) }
 
 // decisionsHash is a short hash of the rewrite's decisions, so that the same client
 // body rewritten the same way gets the same digest (APISIX's 204 keeps working).
-func decisionsHash(changes []Change, thinned []string) string {
+func decisionsHash(changes, stamped []Change, thinned []string) string {
 	h := sha256.New()
 	var num []byte
-	for _, c := range changes {
+	for _, c := range slices.Concat(changes, stamped) {
 		h.Write([]byte(c.Section))
 		h.Write([]byte{'='})
 		num = appendVersion(num[:0], c.To)

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
+	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/proxy"
 )
@@ -67,6 +68,8 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		Preserve:                   opts.preserve,
 		Merge:                      opts.merge,
 		Fallback:                   opts.fallback,
+		FallbackAnswer:             opts.fallbackAnswer,
+		TrustConnection:            opts.trustConnection,
 		MaxBodyBytes:               opts.maxBodyBytes,
 		BodyBudgetBytes:            opts.bodyBudgetBytes,
 		ReadyWindow:                readyWindow,
@@ -143,6 +146,14 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	go func() { errc <- metricsSrv.Serve(metricsLn) }()
 	logger.Info().Str("listen", proxyLn.Addr().String()).Str("metrics_listen", metricsLn.Addr().String()).
 		Str("upstream", redacted(opts.upstream)).Strs("preserve", opts.preserve).Strs("merge", opts.merge).Str("version", version).Msg("confshim started")
+	if trusted, why := p.TrustConnection(); !trusted {
+		logger.Info().Str("trust_connection", string(opts.trustConnection)).Str("why", why).Msg("syncs are decided on a fresh look at the data plane (HEAD /apisix/admin/configs) before each PUT")
+	} else {
+		logger.Info().Str("trust_connection", string(opts.trustConnection)).Str("why", why).Msg("syncs may be decided on confshim's belief without a read while the connection it was confirmed on stays open")
+		if opts.reseedInterval == 0 || opts.reseedInterval >= apisix.DecideIdleLimit {
+			logger.Warn().Dur("reseed_interval", opts.reseedInterval).Msg("the watch does not ping often enough to keep the decide connection open (40 s): a sync more than 40 s after the last answer reads the state first")
+		}
+	}
 	if ready != nil {
 		ready(proxyLn.Addr().String(), metricsLn.Addr().String())
 	}

@@ -29,6 +29,8 @@ type options struct {
 	preserve                        []string
 	merge                           []string
 	fallback                        bool
+	fallbackAnswer                  proxy.FallbackAnswer
+	trustConnection                 proxy.TrustMode
 	maxBodyBytes                    int64
 	bodyBudgetBytes                 int64
 	reseedInterval                  time.Duration
@@ -88,6 +90,14 @@ var flagSpecs = []flagSpec{
 			return fmt.Errorf("%q is not off or backfill", v)
 		}
 		return nil
+	}},
+	{"fallback-answer", "rejection", "with --fallback backfill, what the client is told when items were held back: rejection (APISIX's own rejection of a held item, 400, while the rest of the sync is applied: a controller reports exactly the held items) or accepted (APISIX's answer to the corrected PUT)", false, func(o *options, v string) (err error) {
+		o.fallbackAnswer, err = proxy.ParseFallbackAnswer(v)
+		return err
+	}},
+	{"trust-connection", "auto", "when a sync may be decided without reading the data plane first: auto (only with a loopback --upstream whose answers never showed an intermediary: Via, a Server that is not APISIX's, X-Envoy-*), always (the path to APISIX is plain TCP: docker compose, a Service through kube-proxy), never (read before every decision)", false, func(o *options, v string) (err error) {
+		o.trustConnection, err = proxy.ParseTrustMode(v)
+		return err
 	}},
 	{"merge", "", "comma-separated sections shared item by item with out-of-band writers (e.g. global_rules,secrets): the client's items follow its snapshot, items it never sent are kept; a section named here leaves the default --preserve list, naming it in both is an error", false, func(o *options, v string) (err error) {
 		o.merge, err = sections(v)
@@ -162,7 +172,7 @@ var flagSpecs = []flagSpec{
 	}},
 	{"tls-cert-file", "", "serve HTTPS with this certificate (reloaded when the file changes)", false, text(func(o *options) *string { return &o.tlsCertFile })},
 	{"tls-key-file", "", "key of --tls-cert-file", false, text(func(o *options) *string { return &o.tlsKeyFile })},
-	{"reseed-interval", "1s", "how often the data plane is pinged (HEAD /apisix/admin, no configuration read) to notice a restart; its configuration is looked at after a sign of one and as often as a cost budget allows (at most 0.5 % of an APISIX worker, at least once a minute, at most once per interval), and re-seeded when lost (0: never)", false, func(o *options, v string) error {
+	{"reseed-interval", "1s", "how often the data plane is pinged (HEAD /apisix/admin, no configuration read) to notice a restart; its configuration is looked at after a sign of one and as often as a cost budget allows (at most 0.5 % of an APISIX worker, at least once a minute, at most once per interval), and re-seeded when lost (0: never); the pings also keep the connection a sync may be decided on unread open: from 40s (or 0) a sync more than 40 s after the last answer reads the state first", false, func(o *options, v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
 			return fmt.Errorf("%q is not a duration such as 1s (0 turns re-seeding off)", v)

@@ -59,6 +59,7 @@ type Client struct {
 	serverMinor   atomic.Int32           // APISIX 3.<minor> from the Server header; 0 unknown
 	serverVersion atomic.Pointer[string] // the Server header as last seen
 	decideUsed    atomic.Int64           // unix nanos of the decide connection's last answer
+	intermediary  atomic.Pointer[string] // the first sign of something between confshim and APISIX
 }
 
 // New builds the client; an error names the flag at fault.
@@ -140,7 +141,53 @@ func (c *Client) ForwardURL(r *http.Request) string {
 // readiness and APISIX's version.
 func (c *Client) NoteAnswer(resp *http.Response) {
 	c.noteServer(resp.Header)
+	c.noteIntermediary(resp.Header)
 	c.onAnswer(resp.StatusCode)
+}
+
+// IntermediarySign names what an answer showed of something between confshim and
+// APISIX: a Via header, a Server that is not APISIX's (or none: APISIX always sends
+// one), an X-Envoy-* header. "" when the answer looks like APISIX's own.
+func IntermediarySign(h http.Header) string {
+	if h.Get("Via") != "" {
+		return "Via"
+	}
+	server := h.Get("Server")
+	if !strings.HasPrefix(server, "APISIX/") {
+		if server == "" {
+			return "no Server header"
+		}
+		if len(server) > 32 {
+			server = server[:32]
+		}
+		return "Server: " + server
+	}
+	for k := range h {
+		if len(k) > 8 && strings.EqualFold(k[:8], "X-Envoy-") {
+			return "X-Envoy-*"
+		}
+	}
+	return ""
+}
+
+// noteIntermediary remembers the first sign of an intermediary (it never goes away: a
+// proxy that showed itself once may be there still).
+func (c *Client) noteIntermediary(h http.Header) {
+	if c.intermediary.Load() != nil {
+		return
+	}
+	if sign := IntermediarySign(h); sign != "" && c.intermediary.CompareAndSwap(nil, &sign) {
+		c.log.Info().Str("event", "intermediary").Str("sign", sign).Msg("an answer shows something between confshim and APISIX")
+	}
+}
+
+// Intermediary is the first sign of something between confshim and APISIX that an
+// answer showed ("" none yet).
+func (c *Client) Intermediary() string {
+	if s := c.intermediary.Load(); s != nil {
+		return *s
+	}
+	return ""
 }
 
 // noteServer learns APISIX's version from its Server header (APISIX/3.17.0).
@@ -182,9 +229,13 @@ func (c *Client) NoHead() bool { return c.noHead.Load() }
 // they are not counted (a test transport).
 func (c *Client) DialCount() (uint64, bool) { return c.tr.dialCount() }
 
-// decideIdleLimit is how long the decide connection may idle and still be expected
+// UnexpectedDials is how many connections the decide connection opened that no answer
+// announced (Connection: close): the ping's sign of a restart.
+func (c *Client) UnexpectedDials() (uint64, bool) { return c.tr.unexpectedDials() }
+
+// DecideIdleLimit is how long the decide connection may idle and still be expected
 // open: the transport drops an idle connection after 50 s (APISIX after 60 s).
-const decideIdleLimit = 40 * time.Second
+const DecideIdleLimit = 40 * time.Second
 
 // DecideConn names the decide connection as it stands, for a belief to be tied to: it
 // changes whenever the connection is redialled, and is 0 when the connection cannot be
@@ -193,11 +244,15 @@ const decideIdleLimit = 40 * time.Second
 // decided again).
 func (c *Client) DecideConn() uint64 {
 	n, counted := c.tr.dialCount()
-	if !counted || time.Since(time.Unix(0, c.decideUsed.Load())) >= decideIdleLimit {
+	if !counted || c.tr.closing.Load() || time.Since(time.Unix(0, c.decideUsed.Load())) >= DecideIdleLimit {
 		return 0
 	}
 	return n
 }
+
+// Closing: the decide connection's last answer said the connection closes after it,
+// so the next request on it opens a new one (to whatever answers there now).
+func (c *Client) Closing() bool { return c.tr.closing != nil && c.tr.closing.Load() }
 
 func (c *Client) noteConn(conn Conn) {
 	if conn == Decide {

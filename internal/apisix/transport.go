@@ -50,6 +50,11 @@ type transports struct {
 	// *http.Transport, in tests): confshim trusts what it believes of the data plane
 	// only while it is the connection that confirmed it.
 	dials *atomic.Uint64
+	// closing: the decide connection's last answer said it closes (Connection: close,
+	// a keep-alive limit), so its next request may open a new one: that is APISIX's
+	// word, not a restart. expected counts those dials.
+	closing  *atomic.Bool
+	expected *atomic.Uint64
 }
 
 // newTransports derives the decide transport from the shared one. A shared transport
@@ -63,15 +68,19 @@ func newTransports(shared http.RoundTripper) transports {
 	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	decide := base.Clone()
 	decide.MaxConnsPerHost, decide.MaxIdleConnsPerHost = 1, 1
-	dials := &atomic.Uint64{}
+	dials, closing, expected := &atomic.Uint64{}, &atomic.Bool{}, &atomic.Uint64{}
 	decide.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if ctx.Value(noRedialKey{}) != nil {
+		announced := closing.Swap(false)
+		if ctx.Value(noRedialKey{}) != nil && !announced {
 			return nil, ErrRedial
 		}
 		dials.Add(1)
+		if announced {
+			expected.Add(1)
+		}
 		return dialer.DialContext(ctx, network, addr)
 	}
-	t.decide, t.dials = &exclusive{rt: decide}, dials
+	t.decide, t.dials, t.closing, t.expected = &exclusive{rt: decide, closing: closing}, dials, closing, expected
 	return t
 }
 
@@ -89,11 +98,21 @@ func (t transports) dialCount() (uint64, bool) {
 	return t.dials.Load(), true
 }
 
+// unexpectedDials counts the decide connection's dials that no answer announced: a
+// restart, a reset, an idle connection dropped.
+func (t transports) unexpectedDials() (uint64, bool) {
+	if t.dials == nil {
+		return 0, false
+	}
+	return t.dials.Load() - t.expected.Load(), true
+}
+
 // exclusive guards the decide transport: a request goes only while no answer it gave
 // is still open (its body neither read to the end nor closed).
 type exclusive struct {
-	rt   http.RoundTripper
-	open atomic.Int32
+	rt      http.RoundTripper
+	open    atomic.Int32
+	closing *atomic.Bool
 }
 
 func (x *exclusive) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -106,6 +125,9 @@ func (x *exclusive) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := x.rt.RoundTrip(req)
 	if err != nil {
 		return nil, err
+	}
+	if resp.Close {
+		x.closing.Store(true) // APISIX closes this connection after the answer
 	}
 	x.open.Add(1)
 	resp.Body = &openAnswer{ReadCloser: resp.Body, done: func() { x.open.Add(-1) }}

@@ -168,19 +168,25 @@ func (b *Belief) Confirm(conn uint64) { b.trustedConn = conn }
 // PUT not accepted): the next sync reads first.
 func (b *Belief) Distrust() { b.trustedConn = 0 }
 
+// setState changes the state; like every unexported mutator it publishes nothing: each
+// exported transition publishes one snapshot when it is done, so /debug/config never
+// shows half of one (a kept configuration from one PUT beside the digest of another).
 func (b *Belief) setState(st *rewrite.State, digest, lastModified string) {
 	b.state, b.digest, b.lastModify, b.trustedConn = st, digest, lastModified, 0
-	b.publish()
 }
 
 // Doubt drops the cached state: something wrote in between (a version conflict). The
 // versions believed stay, to tell what the writer changed.
-func (b *Belief) Doubt() { b.setState(nil, "", "") }
+func (b *Belief) Doubt() {
+	defer b.publish()
+	b.setState(nil, "", "")
+}
 
 // Forget drops the cached state and the versions believed: an outcome confshim does
 // not know (a PUT without an answer, a body forwarded untouched), whose effect the next
 // read shows without blaming anyone.
 func (b *Belief) Forget() {
+	defer b.publish()
 	b.setState(nil, "", "")
 	b.believed = nil
 }
@@ -189,6 +195,11 @@ func (b *Belief) Forget() {
 // out-of-band writes it shows against what confshim believed. A data plane that holds
 // nothing (restarted; noHead: APISIX 3.13 tells no metadata) is no writer's doing.
 func (b *Belief) Read(st *rewrite.State, digest, lastModified string, noHead bool, conn uint64) []Move {
+	defer b.publish()
+	return b.read(st, digest, lastModified, noHead, conn)
+}
+
+func (b *Belief) read(st *rewrite.State, digest, lastModified string, noHead bool, conn uint64) []Move {
 	b.setState(st, digest, lastModified)
 	b.Confirm(conn)
 	believed := b.believed
@@ -224,6 +235,7 @@ type Outcome struct {
 // the state. It returns the merged sections newly found without a memory of
 // ownership, to be said once.
 func (b *Belief) Answered(o Outcome) (unowned []rewrite.MergeReport) {
+	defer b.publish()
 	if o.Status/100 == 2 && b.keep {
 		b.keepAfter(o)
 	}
@@ -232,7 +244,8 @@ func (b *Belief) Answered(o Outcome) (unowned []rewrite.MergeReport) {
 		b.Distrust() // nothing was stored, most likely; the next sync looks first
 	case o.Res == nil:
 		b.record = nil // an untouched body landed: know nothing
-		b.Forget()
+		b.setState(nil, "", "")
+		b.believed = nil
 	case o.Status == 204:
 		// APISIX answers 204 to a digest it already holds whatever the body, so only a
 		// 204 to the no-op PUT of §8.2 confirms the body's content
@@ -267,14 +280,14 @@ func (b *Belief) keepAfter(o Outcome) {
 		if b.state != nil && b.state.ItemsKnown && b.lastModify != "" {
 			b.setKept(KeptFromState(b.state, b.digest, b.lastModify, b.owned))
 		} else {
-			b.ForgetKept() // someone else wrote: the watch reads it back
+			b.forgetKept() // someone else wrote: the watch reads it back
 		}
 	case o.Res == nil || o.Prepared == nil:
-		b.ForgetKept() // an untouched body landed: the watch reads it back
+		b.forgetKept() // an untouched body landed: the watch reads it back
 	default:
 		next := derive(b.kept, b.state, b.digest, b.lastModify, b.owned, o.Res, o.Prepared, o.Digest, o.LastModified)
 		if next == nil {
-			b.ForgetKept()
+			b.forgetKept()
 			return
 		}
 		b.setKept(next)
@@ -304,12 +317,13 @@ func (b *Belief) noteMerges(res *rewrite.Result) []rewrite.MergeReport {
 // a second step that moved versions past the decision's leaves the state to be read
 // again and the kept configuration to be read back.
 func (b *Belief) Backfilled(sections []string, versions map[string]float64) {
+	defer b.publish()
 	b.record = b.record.Without(sections)
 	if versions == nil {
 		return
 	}
 	b.setState(nil, "", "")
-	b.ForgetKept()
+	b.forgetKept()
 	if b.believed != nil {
 		believed := maps.Clone(b.believed)
 		maps.Copy(believed, versions)
@@ -320,6 +334,7 @@ func (b *Belief) Backfilled(sections []string, versions map[string]float64) {
 // Reseeded records a re-seed APISIX accepted: the kept configuration is what the data
 // plane holds again, versions included, and the record still holds.
 func (b *Belief) Reseeded(k *Kept, digest, lastModified string, conn uint64) {
+	defer b.publish()
 	b.setKept(&Kept{Digest: digest, LastModified: lastModified, Versions: k.Versions, Items: k.Items, Owned: k.Owned})
 	b.believed = k.Versions
 	b.setState(nil, "", "")
@@ -332,7 +347,8 @@ func (b *Belief) Reseeded(k *Kept, digest, lastModified string, conn uint64) {
 // Refreshed records the watch's read of a data plane that changed without confshim:
 // the state and the kept configuration both follow it.
 func (b *Belief) Refreshed(st *rewrite.State, digest, lastModified string, noHead bool, conn uint64) []Move {
-	moved := b.Read(st, digest, lastModified, noHead, conn)
+	defer b.publish()
+	moved := b.read(st, digest, lastModified, noHead, conn)
 	b.setKept(KeptFromState(st, digest, lastModified, b.owned))
 	b.refreshDue.Store(false)
 	return moved
@@ -357,14 +373,17 @@ func (b *Belief) AskRefresh() { b.refreshDue.Store(true) }
 
 // ForgetKept drops the kept configuration and asks the watch to read it back.
 func (b *Belief) ForgetKept() {
+	defer b.publish()
+	b.forgetKept()
+}
+
+func (b *Belief) forgetKept() {
 	b.kept = nil
 	b.refreshDue.Store(true)
-	b.publish()
 }
 
 func (b *Belief) setKept(next *Kept) {
 	b.kept = next
-	b.publish()
 	if b.writer != nil && next != nil {
 		b.writer.hand(next)
 	}

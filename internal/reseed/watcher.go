@@ -13,19 +13,8 @@
 //     had to open a new connection, failed, or saw another Server version), when the
 //     kept configuration could not be derived, and otherwise as often as a cost budget
 //     allows (LookInterval): between --reseed-interval and once a minute.
-//   - Under the PUT lock, the state read and the PUT travel on that connection, and the
-//     PUT may not open a new one: a data plane that restarted since the state was last
-//     confirmed (read, or written by confshim's own accepted PUT) closed it, so the PUT
-//     is never sent to it, and the decision is taken again on a fresh read.
-//   - So no read is needed per sync (issue 27): while the connection that confirmed the
-//     state is the one open, a sync is decided on confshim's belief, and APISIX's own
-//     version check proves it still holds — an out-of-band write that changed a section
-//     raised its version, and a PUT decided on the old one is answered 400 "… must be
-//     greater than or equal to …", then decided again on a fresh read (§5.4). A version
-//     check cannot see a writer that set a section to exactly the version a bump would
-//     choose (to APISIX an equal version means "keep what you hold"), so a decision that
-//     bumps is checked first. Trust ends with any sign of doubt: a re-opened connection,
-//     a ping that failed or met another Server, a PUT whose answer was not a 2xx.
+//   - Under the PUT lock, the state read and the PUT travel on that connection; when
+//     a sync may be decided on the belief without a read is proxy/state.go's rule.
 package reseed
 
 import (
@@ -153,9 +142,9 @@ func (w *Watcher) run(ctx context.Context) {
 		if !b.TryLock() {
 			continue // a PUT is in flight on the decide connection: it tells what a ping would
 		}
-		dials, _ := api.DialCount()
+		dials, _ := api.UnexpectedDials()
 		server, err := api.Ping(ctx, w.cfg.AdminKey)
-		n, counted := api.DialCount()
+		n, counted := api.UnexpectedDials() // a connection APISIX said it closes is no sign
 		redialed := counted && n != dials
 		if err != nil || redialed || server != lastServer {
 			b.Distrust() // down, a new connection, or another APISIX answering

@@ -1,0 +1,170 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"strings"
+
+	"github.com/confshim/confshim/internal/apisix"
+	"github.com/confshim/confshim/rewrite"
+)
+
+// The data plane's state, and when a sync may be decided without reading it (contract
+// §5.4). Every GET, HEAD or PUT of /apisix/admin/configs costs APISIX a decode of its
+// whole stored document, so confshim decides most syncs on what it already believes —
+// its own last accepted write, read or re-seed — and lets APISIX's own checks prove it:
+//
+//   - An out-of-band write raised a section's version, so a PUT decided on an older
+//     belief is refused (400 "… must be greater than or equal to …"), on the decided
+//     PUT or a fallback's corrected one alike: the state is read and the whole sync
+//     decided again, once.
+//   - A writer can set a section to exactly the version confshim sends, which APISIX
+//     takes as "keep what you hold" and no check refuses. So a decision taken unread
+//     sends every section it changes at a version the clock chose (rewrite.Input.Now,
+//     .Unread): above anything written before and unlike the last version plus one a
+//     hand-made PUT picks; where the clock cannot choose, the state is looked at first.
+//   - A data plane that lost its state takes any version, and a thin PUT would empty
+//     every unchanged section. The belief therefore holds only while the connection it
+//     was confirmed on (the decide connection) is the one still open — a restart closes
+//     it, and a PUT decided unread may not open another (apisix.ErrRedial) — and only
+//     where that connection ends at APISIX itself: a proxy or a mesh sidecar in between
+//     keeps confshim's connection open while APISIX restarts behind it. That is
+//     --trust-connection: auto trusts a loopback --upstream whose answers never showed
+//     an intermediary, always is the operator's word for a plain TCP path, never reads
+//     before every decision.
+//   - Trust ends at any sign of doubt: a re-opened connection, an answer that announced
+//     its connection closes, a ping that failed or met another Server, an answer other
+//     than a 2xx, an idle spell the transport may have dropped the connection in.
+
+// TrustMode is --trust-connection.
+type TrustMode string
+
+const (
+	TrustAuto   TrustMode = "auto"
+	TrustAlways TrustMode = "always"
+	TrustNever  TrustMode = "never"
+)
+
+// ParseTrustMode reads --trust-connection.
+func ParseTrustMode(s string) (TrustMode, error) {
+	switch m := TrustMode(s); m {
+	case TrustAuto, TrustAlways, TrustNever:
+		return m, nil
+	}
+	return "", fmt.Errorf("want auto, always or never, got %q", s)
+}
+
+// IsLoopback: upstream names this host's loopback (127.0.0.0/8, ::1, localhost), so
+// nothing but the kernel can stand between confshim and APISIX.
+func IsLoopback(upstream *url.URL) bool {
+	host := strings.TrimSuffix(upstream.Hostname(), ".")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
+// trustReason says why the connection is or is not trusted, for the start line and
+// /debug/config.
+func (p *Proxy) trustReason() (trusted bool, why string) {
+	switch p.trust {
+	case TrustAlways:
+		return true, "--trust-connection always: the operator vouches for a plain TCP path"
+	case TrustNever:
+		return false, "--trust-connection never: the state is read before every decision"
+	}
+	if !IsLoopback(p.upstream) {
+		return false, "--upstream is not a loopback address: something may stand between confshim and APISIX"
+	}
+	if sign := p.api.Intermediary(); sign != "" {
+		return false, "an answer showed an intermediary (" + sign + ")"
+	}
+	return true, "loopback --upstream, no sign of an intermediary"
+}
+
+// TrustConnection says whether syncs may be decided on the belief without a read, and
+// why (the start line, /debug/config).
+func (p *Proxy) TrustConnection() (trusted bool, why string) { return p.trustReason() }
+
+// decidesUnread: the belief may decide this sync without a read — the connection is
+// one confshim trusts, and the belief was confirmed on it, still open, with no doubt since.
+func (p *Proxy) decidesUnread() bool {
+	if trusted, _ := p.trustReason(); !trusted {
+		return false
+	}
+	return p.dp.Trusts(p.api.DecideConn())
+}
+
+// stateFor returns the data plane's state under the PUT lock, on the decide connection:
+// the belief unread where decidesUnread (verified is then false: the PUT's checks prove
+// it), the belief when a HEAD shows nobody wrote since, otherwise a GET.
+func (p *Proxy) stateFor(ctx context.Context, creds apisix.Credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
+	if !fresh && p.dp.State() != nil && !p.api.NoHead() {
+		if p.decidesUnread() {
+			return p.dp.State(), false, nil
+		}
+		if ok, err := p.revalidate(ctx, creds); err != nil || ok {
+			return p.dp.State(), ok, err
+		}
+	}
+	st, digest, lastModified, err := p.readState(ctx, creds)
+	if err != nil {
+		return nil, false, err
+	}
+	p.noteMoves(p.dp.Read(st, digest, lastModified, p.api.NoHead(), p.api.DecideConn()), how)
+	return st, true, nil
+}
+
+// revalidate is HEAD /apisix/admin/configs on the decide connection: whether the data
+// plane still holds the state confshim has (anything but a match, a changed state or
+// an odd status, is false: a GET decides).
+func (p *Proxy) revalidate(ctx context.Context, creds apisix.Credentials) (bool, error) {
+	head, _, err := p.api.Head(ctx, apisix.Decide, creds)
+	if err != nil {
+		return false, err
+	}
+	if head != nil && p.dp.Matches(head.Digest, head.LastModified) {
+		p.dp.Confirm(p.api.DecideConn())
+		return true, nil
+	}
+	return false, nil
+}
+
+// stillHolds is checked before a PUT that continues a sync after an answer announced
+// that the decide connection closes: the PUT will go on a new connection, so the data
+// plane is asked first whether it still holds what the sync's last answer left
+// (digest and X-Last-Modified); false means it does not (it restarted, or someone
+// wrote), and the sync is decided again on a fresh read.
+func (p *Proxy) stillHolds(ctx context.Context, creds apisix.Credentials, digest, lastModified string) (bool, error) {
+	if !p.api.Closing() {
+		return true, nil
+	}
+	head, _, err := p.api.Head(ctx, apisix.Decide, creds)
+	if err != nil {
+		return false, err
+	}
+	return head != nil && head.LastModified != "" && head.Digest == digest && head.LastModified == lastModified, nil
+}
+
+// readState is GET /apisix/admin/configs with the caller's credentials, on the decide
+// connection, parsed.
+func (p *Proxy) readState(ctx context.Context, creds apisix.Credentials) (*rewrite.State, string, string, error) {
+	body, meta, err := p.api.Get(ctx, apisix.Decide, creds, p.stateLimit())
+	var tooBig apisix.TooBigError
+	switch {
+	case errors.As(err, &tooBig):
+		return nil, "", "", BadStateError{err}
+	case err != nil:
+		return nil, "", "", err // refused, another status, or no usable answer
+	}
+	st, err := rewrite.ParseState(body)
+	if err != nil {
+		return nil, "", "", BadStateError{err}
+	}
+	return st, meta.Digest, meta.LastModified, nil
+}
+
