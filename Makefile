@@ -41,9 +41,10 @@ load:
 
 # The binary against the emulator through SOAK_DURATION (default 2m) of seeded events:
 # changes, out-of-band secrets, leader changes, data-plane restarts at every point of a
-# sync, confshim restarts with and without --state-dir. SOAK_SEED=<seed> replays a run.
+# sync, confshim restarts with and without --state-dir; then the state-only restart tests
+# at 20,000 routes. SOAK_SEED=<seed> replays a run.
 soak:
-	$(GO) test -tags soak -count=1 -run TestSoak -v -timeout 30m ./integration/ | grep -E '^(=== RUN|---|ok|FAIL|\s+soak_test)'
+	$(GO) test -tags soak -count=1 -run 'TestSoak|TestStateOnlyRestart|TestTrustAlways' -v -timeout 30m ./integration/ | grep -E '^(=== RUN|---|ok|FAIL|\s+soak_test)'
 
 # gofmt, go vet, staticcheck (pinned; go run fetches it from the module proxy on a fresh
 # machine) and go.mod/go.sum as go mod tidy would leave them.

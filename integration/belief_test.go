@@ -3,6 +3,7 @@ package integration
 import (
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
 	"github.com/confshim/confshim/internal/testsupport/wait"
+	"github.com/confshim/confshim/proxy"
 
 	"net/http"
 	"os"
@@ -20,7 +21,9 @@ import (
 // the body. An edit re-sent with the old digest is not applied (straight to APISIX
 // neither); the same edit with a fresh digest must then be applied, not settled.
 func TestReusedDigestIsNotProof(t *testing.T) {
-	s := newStack(t, stackOptions{})
+	// decided on a read: a sync decided unread stamps the changed section with the clock,
+	// so that the edit would get a digest of its own anyway
+	s := newStack(t, stackOptions{trust: proxy.TrustNever})
 	// the README's operator: a secrets manager straight on the data plane, so that
 	// confshim rewrites (secrets preserved) and the forwarded digest gets its suffix
 	adminPut(t, s.dpURL, `{"secrets_conf_version":1,"secrets":[{"id":"vault/1","uri":"http://vault:8200","prefix":"kv","token":"t"}]}`, "oob")

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"github.com/confshim/confshim/proxy"
 	"net/http"
 	"strings"
 	"sync"
@@ -90,7 +91,7 @@ func renamed(t *testing.T, o stackOptions, withRoute bool) (*stack, *adcclient.C
 // PUT waited for the decide connection until the client gave up).
 func TestChunkedRenameOfTheMetricsRuleLandsInOneSync(t *testing.T) {
 	var log exchangeLog
-	s, _, _, res, took := renamed(t, stackOptions{fallback: true, appliedLag: 300 * time.Millisecond, wrap: log.wrap}, true)
+	s, _, _, res, took := renamed(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, appliedLag: 300 * time.Millisecond, wrap: log.wrap}, true)
 	mustLand(t, res)
 	if took > 5*time.Second {
 		t.Fatalf("the sync took %s: a request waited for a connection", took)
@@ -113,7 +114,7 @@ func TestChunkedRenameOfTheMetricsRuleLandsInOneSync(t *testing.T) {
 // second step's 2 s window; the client gets the corrected PUT's 202 at the window's
 // end, the rule stays held, and the next sync lands it.
 func TestChunkedSecondStepThatNeverPassesLandsNextSync(t *testing.T) {
-	s, c, after, res, took := renamed(t, stackOptions{fallback: true, appliedLag: 2500 * time.Millisecond}, false)
+	s, c, after, res, took := renamed(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, appliedLag: 2500 * time.Millisecond}, false)
 	mustLand(t, res)
 	mustContain(t, res.Header.Get("X-Confshim-Actions"), "global_rules=backfilled")
 	if took < 2*time.Second || took > 4*time.Second {
@@ -137,7 +138,7 @@ func TestChunkedSecondStepThatNeverPassesLandsNextSync(t *testing.T) {
 // than the second step's window, the PUT's deadline ends it; the client gets the
 // corrected PUT's 202 (what was applied) in time, counted unavailable.
 func TestChunkedDeadlineAnswersWithTheLastCompleteAnswer(t *testing.T) {
-	s, _, _, res, took := renamed(t, stackOptions{fallback: true, appliedLag: 2500 * time.Millisecond, timeout: time.Second}, true)
+	s, _, _, res, took := renamed(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, appliedLag: 2500 * time.Millisecond, timeout: time.Second}, true)
 	mustLand(t, res)
 	if took > 1800*time.Millisecond {
 		t.Fatalf("answered after %s, want within the 1 s deadline", took)
@@ -156,7 +157,7 @@ func TestChunkedDeadlineAnswersWithTheLastCompleteAnswer(t *testing.T) {
 // copies are read from the data plane, on the same connection, between two PUTs.
 func TestChunkedRoundsOn314ReadTheAcceptedCopies(t *testing.T) {
 	var log exchangeLog
-	s := newStack(t, stackOptions{fallback: true, version: "3.14.1", wrap: log.wrap})
+	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, version: "3.14.1", wrap: log.wrap})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil), route("r2", "/two", nil))))
 	n := log.len()

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"github.com/confshim/confshim/proxy"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -31,7 +32,7 @@ func withRoutes(routes ...map[string]any) adcclient.Config {
 }
 
 func TestFallbackBackfillsAChangedRouteAndAppliesTheRest(t *testing.T) {
-	s := newStack(t, stackOptions{fallback: true})
+	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil))))
 	cfg := withRoutes(route("r1", "/changed", unknownPlugin), route("r2", "/new", nil))
@@ -60,7 +61,7 @@ func TestFallbackBackfillsAChangedRouteAndAppliesTheRest(t *testing.T) {
 }
 
 func TestFallbackLeavesOutANewBadServiceAndTheRouteUsingIt(t *testing.T) {
-	s := newStack(t, stackOptions{fallback: true})
+	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, config("v1")))
 	cfg := config("v1")
@@ -106,7 +107,7 @@ func TestFallbackOffLeavesAPISIXsAnswer(t *testing.T) {
 
 func TestFallbackFailsSafeWhenValidateFails(t *testing.T) {
 	var puts atomic.Int32
-	s := newStack(t, stackOptions{fallback: true, wrap: func(next http.Handler) http.Handler {
+	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, wrap: func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if strings.HasSuffix(r.URL.Path, "/validate") && r.ContentLength > 2 {
 				http.Error(w, "boom", http.StatusInternalServerError)
@@ -134,7 +135,7 @@ func TestFallbackFailsSafeWhenValidateFails(t *testing.T) {
 }
 
 func TestFallbackOnAPISIX314UsesThePutsMessage(t *testing.T) {
-	s := newStack(t, stackOptions{fallback: true, version: "3.14.1"})
+	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, version: "3.14.1"})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil), route("r2", "/two", nil))))
 	res := sync1(t, c, withRoutes(route("r1", "/changed", unknownPlugin), route("r2", "/two", unknownPlugin), route("r3", "/three", nil)))
@@ -146,7 +147,7 @@ func TestFallbackOnAPISIX314UsesThePutsMessage(t *testing.T) {
 }
 
 func TestFallbackOverTheValidateCap(t *testing.T) {
-	s := newStack(t, stackOptions{fallback: true})
+	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted})
 	c := s.client(true)
 	var routes []map[string]any
 	for i := 0; i < 3000; i++ {
@@ -201,7 +202,7 @@ func (s *statusCapture) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 // the PUT: no rejected PUT, no validate call, and nothing reloads.
 func TestFallbackSteadyStateCostsNothingExtra(t *testing.T) {
 	var pc putCounter
-	s := newStack(t, stackOptions{fallback: true, wrap: pc.wrap})
+	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, wrap: pc.wrap})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil))))
 	bad := withRoutes(route("r1", "/changed", unknownPlugin), route("r2", "/new", nil))
@@ -240,7 +241,7 @@ func TestFallbackSteadyStateCostsNothingExtra(t *testing.T) {
 // lands g1 without it, and once that is applied g2 goes in a second PUT — within the
 // client's one sync, although the workers apply a second late.
 func TestFallbackGlobalRuleMoveLandsInOneSync(t *testing.T) {
-	s := newStack(t, stackOptions{fallback: true, appliedLag: 500 * time.Millisecond})
+	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, appliedLag: 500 * time.Millisecond})
 	c := s.client(true)
 	rules := func(g1, g2 map[string]any) adcclient.Config {
 		cfg := config("v1")
@@ -262,7 +263,7 @@ func TestFallbackGlobalRuleMoveLandsInOneSync(t *testing.T) {
 
 // TestFallbackNeverTouchesYAML: a YAML body with a rejected item gets APISIX's answer.
 func TestFallbackNeverTouchesYAML(t *testing.T) {
-	s := newStack(t, stackOptions{fallback: true})
+	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted})
 	adminPut(t, s.dpURL, `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/old"}]}`, "seed")
 	body := "routes_conf_version: 2\nroutes:\n  - id: r1\n    uri: /new\n    plugins:\n      nope: {}\n"
 	req, _ := http.NewRequest(http.MethodPut, s.proxyURL+"/apisix/admin/configs", strings.NewReader(body))
@@ -283,7 +284,7 @@ func TestFallbackNeverTouchesYAML(t *testing.T) {
 // TestFallbackConsumerKeyMoveOn318: APISIX 3.18 refuses a key-auth key moved to another
 // consumer while the old one still holds it; the new consumer lands in the same sync.
 func TestFallbackConsumerKeyMoveOn318(t *testing.T) {
-	s := newStack(t, stackOptions{fallback: true, version: "3.18.0"})
+	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, version: "3.18.0"})
 	c := s.client(true)
 	withConsumer := func(name string) adcclient.Config {
 		cfg := config("v1")
@@ -303,7 +304,7 @@ func TestFallbackConsumerKeyMoveOn318(t *testing.T) {
 // the PUT stays held back (and reported) when APISIX then rejects another new item.
 func TestFallbackKeepsHoldingWhatItHeldBeforeAnotherRejection(t *testing.T) {
 	var pc putCounter
-	s := newStack(t, stackOptions{fallback: true, wrap: pc.wrap})
+	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, wrap: pc.wrap})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil))))
 	mustLand(t, sync1(t, c, withRoutes(route("r1", "/changed", unknownPlugin)))) // r1 held back

@@ -87,6 +87,9 @@ type stackOptions struct {
 	appliedLag time.Duration
 	// decodeCost is the emulator's cost of one decode per MiB stored (0: APISIX's)
 	decodeCost time.Duration
+	// trust is --trust-connection ("": auto); fallbackAnswer is --fallback-answer
+	trust          proxy.TrustMode
+	fallbackAnswer proxy.FallbackAnswer
 }
 
 func newStack(t testing.TB, o stackOptions) *stack {
@@ -116,6 +119,8 @@ func (s *stack) startProxy(t testing.TB) {
 		Preserve:            s.preserveList(),
 		Merge:               s.opts.merge,
 		Fallback:            s.opts.fallback,
+		FallbackAnswer:      s.opts.fallbackAnswer,
+		TrustConnection:     s.opts.trust,
 		MaxBodyBytes:        64 << 20,
 		UpstreamTimeout:     s.timeout,
 		AdminKey:            s.opts.adminKey,

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"github.com/confshim/confshim/proxy"
 	"net/http"
 	"slices"
 	"testing"
@@ -182,7 +183,7 @@ func BenchmarkFallback(b *testing.B) {
 	}
 	for _, scenario := range []string{"clean", "held-first-sync", "held-steady"} {
 		b.Run(scenario, func(b *testing.B) {
-			s := newStack(b, stackOptions{fallback: true, reseed: time.Hour, adminKey: adminKey})
+			s := newStack(b, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, reseed: time.Hour, adminKey: adminKey})
 			c := s.client(true)
 			mustLand(b, sync1(b, c, largeConfig(n, "a")))
 			cfgs := []adcclient.Config{largeConfig(n, "a")}

@@ -52,6 +52,7 @@ type putRequest struct {
 	forwardedDigest  string
 	bytesOut         int
 	answeredByAPISIX bool
+	appliedStatus    int // APISIX's 2xx when the client is told of held items with a 400
 }
 
 // maxRedials bounds how often one PUT is decided again because the connection its
@@ -95,7 +96,11 @@ func (pr *putRequest) record(cw *capturingWriter) {
 	if pr.answeredByAPISIX {
 		by = "apisix"
 	}
-	pr.p.recordSync(syncRecord{start: pr.start, status: cw.status, by: by, errorMsg: cw.head, in: &pr.in, clientDigest: pr.clientSent,
+	status := cw.status
+	if pr.appliedStatus != 0 && status == http.StatusBadRequest {
+		status = pr.appliedStatus // /debug/config shows what APISIX applied, as with accepted
+	}
+	pr.p.recordSync(syncRecord{start: pr.start, status: status, by: by, errorMsg: cw.head, in: &pr.in, clientDigest: pr.clientSent,
 		prepared: pr.prepared, res: pr.res, forwarded: pr.forwardedDigest, bytesOut: pr.bytesOut})
 }
 
@@ -285,7 +290,12 @@ func (pr *putRequest) forward() *answer {
 		if ans.Status/100 == 2 {
 			pr.afterAccepted(fb, held)
 		}
-		return &answer{ans: ans, actions: actionsHeader(ans, res, held)}
+		a := &answer{ans: ans, actions: actionsHeader(ans, res, held)}
+		if ans.Status/100 == 2 && len(held) > 0 && p.cfg.FallbackAnswer == AnswerRejection {
+			// the rest is applied; the client learns exactly what was not (§8.5)
+			pr.appliedStatus, a.ans = ans.Status, heldRejection(ans, held)
+		}
+		return a
 	}
 }
 
@@ -360,6 +370,7 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	pr.in.Buf = *buf
 	start := time.Now()
 	res, err := p.rw.Decide(pr.prepared, pr.in)
+	moved := false // the data plane holds something else than the belief
 	if err == nil && !verified && res.Unsure() {
 		// a version decided unread that the clock did not choose could equal one a
 		// writer set meanwhile: look first
@@ -369,7 +380,15 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 			p.putBuf(buf)
 			return nil, herr
 		case !ok:
-			err = rewrite.ErrStateIncomplete // decided again on a fresh read, just below
+			err, moved = rewrite.ErrStateIncomplete, true // decided again on a fresh read, just below
+		}
+	}
+	if errors.Is(err, rewrite.ErrStateIncomplete) && !moved {
+		// the items the decision needs are in the kept configuration when it describes
+		// the state believed (after a fallback the record forgot a corrected section)
+		if ks := p.dp.KeptState(); ks != nil {
+			pr.in.State = ks
+			res, err = p.rw.Decide(pr.prepared, pr.in)
 		}
 	}
 	if errors.Is(err, rewrite.ErrStateIncomplete) {

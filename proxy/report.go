@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
@@ -75,4 +76,44 @@ func actionsWithBackfill(res *rewrite.Result, held []dataplane.Held) string {
 	}
 	slices.Sort(entries)
 	return strings.Join(entries, ", ")
+}
+
+// maxRejectedItems bounds the items a held-back rejection lists (§5.7).
+const maxRejectedItems = 20
+
+// heldRejection is the client's answer when items were held back and
+// --fallback-answer is rejection (§8.5): the rest of the sync is applied, but a 2xx
+// would make a controller report the held items as programmed. So the client gets a
+// rejection in APISIX's own shapes: 400, error_msg with APISIX's message for the first
+// held item and its section and id, and errors[] as POST /configs/validate lists
+// them (resource_type, resource_id, error), bounded. applied is APISIX's answer to
+// what was forwarded; its headers stay but for the ones that describe a stored body.
+func heldRejection(applied *apisix.Answer, held []dataplane.Held) *apisix.Answer {
+	type itemError struct {
+		Type  string `json:"resource_type"`
+		ID    string `json:"resource_id"`
+		Error string `json:"error"`
+	}
+	body := struct {
+		ErrorMsg string      `json:"error_msg"`
+		Errors   []itemError `json:"errors"`
+	}{}
+	for i, h := range held {
+		if i == maxRejectedItems {
+			break
+		}
+		body.Errors = append(body.Errors, itemError{Type: rewrite.Clip(h.Section), ID: rewrite.Clip(h.ID), Error: h.Error})
+	}
+	first := body.Errors[0]
+	body.ErrorMsg = "invalid " + first.Type + " " + first.ID + ": " + first.Error
+	raw, _ := json.Marshal(body)
+	header := applied.Header.Clone()
+	if header == nil {
+		header = http.Header{}
+	}
+	for _, k := range []string{"X-Digest", "X-Last-Modified", "Content-Length"} {
+		header.Del(k)
+	}
+	header.Set("Content-Type", "application/json")
+	return &apisix.Answer{Status: http.StatusBadRequest, Header: header, Body: append(raw, '\n')}
 }

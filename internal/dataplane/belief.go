@@ -143,6 +143,21 @@ func (b *Belief) Kept() *Kept { return b.kept }
 // Keeps: re-seeding is on, so a configuration is kept.
 func (b *Belief) Keeps() bool { return b.keep }
 
+// KeptState is the state believed with its items taken from the kept configuration,
+// when that describes exactly this state (nil otherwise): a decision that needs the
+// data plane's items then needs no read.
+func (b *Belief) KeptState() *rewrite.State {
+	k := b.kept
+	if k == nil || b.state == nil || b.digest == "" || k.Digest != b.digest || k.LastModified != b.lastModify {
+		return nil
+	}
+	items := make(map[string][]byte, len(k.Items))
+	for s, raw := range k.Items {
+		items[s] = raw
+	}
+	return &rewrite.State{Versions: k.Versions, Items: items, ItemsKnown: true}
+}
+
 // Empty: the last look found nothing stored since the data plane started (no
 // X-Last-Modified; APISIX 3.13, which never sends one, excluded).
 func (b *Belief) Empty(noHead bool) bool {

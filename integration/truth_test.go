@@ -1,0 +1,149 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/confshim/confshim/proxy"
+)
+
+// Issues 30 and 32: what confshim tells its client is true — the rest of a sync lands,
+// and an item it held back is reported as refused.
+
+// heldAnswer is the client's answer naming held items (--fallback-answer rejection).
+type heldAnswer struct {
+	ErrorMsg string `json:"error_msg"`
+	Errors   []struct {
+		Type  string `json:"resource_type"`
+		ID    string `json:"resource_id"`
+		Error string `json:"error"`
+	} `json:"errors"`
+}
+
+// mustNameHeld checks that the answer is the 400 naming exactly the ids held back.
+func mustNameHeld(t *testing.T, status int, body []byte, ids ...string) {
+	t.Helper()
+	var a heldAnswer
+	if status != http.StatusBadRequest || json.Unmarshal(body, &a) != nil {
+		t.Fatalf("answer %d %s: want the 400 naming %v", status, body, ids)
+	}
+	var got []string
+	for _, e := range a.Errors {
+		got = append(got, e.ID)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(ids) || !strings.Contains(a.ErrorMsg, ids[0]) {
+		t.Fatalf("answer names %v (%q), want %v", got, a.ErrorMsg, ids)
+	}
+}
+
+// TestOutOfBandWriteThenAFallbackSyncLandsTheRest (issue 30): an operator writes
+// secrets and global_rules straight on APISIX; the client's next sync carries a route
+// APISIX rejects among good changes. APISIX ≥ 3.15 checks items before versions, so the
+// stale belief shows only on the corrected PUT, as a version conflict: the sync is
+// decided again on a fresh read and the rest lands in that sync.
+func TestOutOfBandWriteThenAFallbackSyncLandsTheRest(t *testing.T) {
+	s := newStack(t, stackOptions{fallback: true, reseed: time.Hour})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, config("v1")))
+	s.oobPut(t, func(doc map[string]any) {
+		doc["secrets_conf_version"] = doc["secrets_conf_version"].(float64) + 1
+		doc["secrets"] = []any{map[string]any{"id": "vault/1", "uri": "http://vault:8200", "prefix": "kv", "token": "t"}}
+		doc["global_rules_conf_version"] = doc["global_rules_conf_version"].(float64) + 1
+	})
+	cfg := config("v2")
+	cfg["routes"] = append(cfg["routes"], route("r-bad", "/bad", map[string]any{"opentelemetry-nope": map[string]any{}}), route("r-good", "/good", nil))
+	cfg["upstreams"][0]["nodes"] = []any{map[string]any{"host": "10.244.0.99", "port": 80, "weight": 100}}
+	res := sync1(t, c, cfg)
+	mustNameHeld(t, res.Status, res.Body, "r-bad")
+	routes := s.items(t, "routes")
+	mustContain(t, routes, `"/good"`)
+	mustContain(t, routes, `"/v2"`)
+	if strings.Contains(routes, "r-bad") {
+		t.Fatalf("the rejected route landed: %s", routes)
+	}
+	mustContain(t, s.items(t, "upstreams"), "10.244.0.99")
+	mustContain(t, s.items(t, "secrets"), "vault/1") // preserved, in the same sync
+	if got := counter(s.metrics.ConflictRetries); got < 1 {
+		t.Fatalf("conflict_retries_total = %v: the stale belief was not decided again", got)
+	}
+}
+
+// TestHeldItemIsReportedAsRefused (issue 32): with the default --fallback-answer
+// rejection, one refused route among 50 changes: 49 land, the answer is a 400 naming
+// that route; an identical resync gets the same 400 and APISIX does no work; once the
+// client drops the route, answers are APISIX's again. With accepted, 202 as before.
+func TestHeldItemIsReportedAsRefused(t *testing.T) {
+	changes := func(withBad bool) []map[string]any {
+		var rs []map[string]any
+		for i := range 49 {
+			rs = append(rs, route(fmt.Sprintf("r%02d", i), fmt.Sprintf("/r%02d", i), nil))
+		}
+		if withBad {
+			rs = append(rs, route("r-bad", "/bad", unknownPlugin))
+		}
+		return rs
+	}
+	t.Run("rejection", func(t *testing.T) {
+		s := newStack(t, stackOptions{fallback: true, reseed: time.Hour})
+		c := s.client(true)
+		mustLand(t, sync1(t, c, config("v1")))
+		res := sync1(t, c, withRoutes(changes(true)...))
+		mustNameHeld(t, res.Status, res.Body, "r-bad")
+		mustContain(t, res.Header.Get("X-Confshim-Actions"), "routes=backfilled")
+		if got := sectionLen(s, "routes"); got != 49 {
+			t.Fatalf("%d routes landed, want 49", got)
+		}
+		// what ADC 0.30 does after a refused sync: validate the whole document through
+		// confshim, which names exactly the held route
+		raw, _ := json.Marshal(withRoutes(changes(true)...))
+		status, body := validateThrough(t, s.proxyURL, raw)
+		if status != http.StatusBadRequest || !strings.Contains(body, `"resource_id":"r-bad"`) || strings.Contains(body, `"r01"`) {
+			t.Fatalf("re-validation through confshim: %d %s", status, body)
+		}
+		puts, decodes := s.em.Puts(), s.em.Costs().Decodes()
+		res = sync1(t, c, withRoutes(changes(true)...)) // identical resync
+		mustNameHeld(t, res.Status, res.Body, "r-bad")
+		if s.em.Puts() > puts+1 || s.em.Costs().Decodes() > decodes+1 {
+			t.Fatalf("the identical resync cost APISIX %d PUTs, %d decodes", s.em.Puts()-puts, s.em.Costs().Decodes()-decodes)
+		}
+		if got := sectionLen(s, "routes"); got != 49 {
+			t.Fatalf("%d routes after the resync, want 49", got)
+		}
+		res = sync1(t, c, withRoutes(changes(false)...)) // the client dropped it
+		if res.Status/100 != 2 {
+			t.Fatalf("after the route was dropped: %d %s", res.Status, res.Body)
+		}
+	})
+	t.Run("accepted", func(t *testing.T) {
+		s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, reseed: time.Hour})
+		c := s.client(true)
+		mustLand(t, sync1(t, c, config("v1")))
+		res := sync1(t, c, withRoutes(changes(true)...))
+		if res.Status != http.StatusAccepted {
+			t.Fatalf("--fallback-answer accepted: %d %s", res.Status, res.Body)
+		}
+		if got := sectionLen(s, "routes"); got != 49 {
+			t.Fatalf("%d routes landed, want 49", got)
+		}
+	})
+}
+
+// validateThrough is POST /apisix/admin/configs/validate through confshim.
+func validateThrough(t *testing.T, base string, body []byte) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, base+"/apisix/admin/configs/validate", strings.NewReader(string(body)))
+	req.Header.Set("X-API-KEY", adminKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
