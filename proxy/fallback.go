@@ -220,7 +220,9 @@ func (pr *putRequest) fallBack(out outgoingPut, res *rewrite.Result, respBody []
 // write's, not a stranger's.
 type staleBelief struct{ landed bool }
 
-func (staleBelief) Error() string { return "the data plane's state moved under the sync; deciding again" }
+func (staleBelief) Error() string {
+	return "the data plane's state moved under the sync; deciding again"
+}
 
 // isConflict: APISIX refused a PUT for a version below the one it holds.
 func isConflict(a *apisix.Answer) bool {

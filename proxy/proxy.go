@@ -36,13 +36,13 @@ const ConfigsPath = "/apisix/admin/configs"
 
 // Config is everything the proxy needs; main fills it from flags.
 type Config struct {
-	Upstream        string        // APISIX Admin API base URL, http or https
-	Preserve        []string      // sections owned by out-of-band writers
-	Merge           []string      // sections shared item by item with out-of-band writers (§8.6)
-	Fallback        bool          // --fallback backfill (§8.5)
+	Upstream string   // APISIX Admin API base URL, http or https
+	Preserve []string // sections owned by out-of-band writers
+	Merge    []string // sections shared item by item with out-of-band writers (§8.6)
+	Fallback bool     // --fallback backfill (§8.5)
 	// FallbackAnswer is --fallback-answer: what the client is told when items were held
 	// back ("" is rejection).
-	FallbackAnswer FallbackAnswer
+	FallbackAnswer  FallbackAnswer
 	MaxBodyBytes    int64         // larger request bodies get 413
 	UpstreamTimeout time.Duration // per upstream request
 	AdminKey        string        // for confshim's own background requests, never a caller's

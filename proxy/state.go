@@ -167,4 +167,3 @@ func (p *Proxy) readState(ctx context.Context, creds apisix.Credentials) (*rewri
 	}
 	return st, meta.Digest, meta.LastModified, nil
 }
-
