@@ -183,7 +183,8 @@ func closing(match func(*http.Request) bool) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if match == nil || match(r) {
-				w.Header().Set("Connection", "close")
+				// set as the answer starts: the emulator says keep-alive, as APISIX does
+				w = &markingWriter{ResponseWriter: w, marks: http.Header{"Connection": {"close"}}}
 			}
 			next.ServeHTTP(w, r)
 		})
@@ -218,4 +219,38 @@ func TestConnectionCloseOnTheCorrectedPutStillLandsTheSecondStep(t *testing.T) {
 		t.Fatalf("global rules after one sync: %s, want only the renamed rule", rules)
 	}
 	mustContain(t, s.items(t, "routes"), `"r-new"`)
+}
+
+// TestDebugConfigIsNeverTorn: /debug/config read 10,000 times while two clients sync
+// alternately never shows the kept configuration of one PUT beside the data plane's
+// digest of another: the belief publishes one snapshot per transition.
+func TestDebugConfigIsNeverTorn(t *testing.T) {
+	s := newStack(t, stackOptions{reseed: time.Hour})
+	a, b := s.client(true), s.client(true)
+	mustLand(t, sync1(t, a, config("a")))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 10000; i++ {
+			doc := s.proxy.DebugConfig()
+			if k := doc.Kept; k != nil && k.Digest != "" && doc.DataPlane.Digest != "" && k.Digest != doc.DataPlane.Digest {
+				t.Errorf("read %d: kept.digest %q beside data_plane.digest %q", i, k.Digest, doc.DataPlane.Digest)
+				return
+			}
+		}
+	}()
+	for i := 0; ; i++ {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		c, variant := a, "a"
+		if i%2 == 1 {
+			c, variant = b, "b"
+		}
+		if res := sync1(t, c, config(fmt.Sprintf("%s%d", variant, i))); res.Status/100 != 2 {
+			t.Fatalf("sync %d: %d %s", i, res.Status, res.Body)
+		}
+	}
 }

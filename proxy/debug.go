@@ -75,6 +75,19 @@ type DebugDataPlane struct {
 	LastModified string     `json:"last_modified,omitempty"`
 	LastStatus   int        `json:"last_status,omitempty"`
 	LastAnswerAt *time.Time `json:"last_answer_at,omitempty"`
+	// Trust is --trust-connection and what it means here (§5.4): whether a sync may be
+	// decided on the belief without a read, and why.
+	Trust DebugTrust `json:"trust"`
+}
+
+// DebugTrust is when a sync may be decided without reading the data plane.
+type DebugTrust struct {
+	Mode    string `json:"mode"`
+	Trusted bool   `json:"trusted"`
+	Why     string `json:"why"`
+	// Intermediary is the first sign of something between confshim and APISIX an
+	// answer showed (Via, a Server that is not APISIX's, X-Envoy-*)
+	Intermediary string `json:"intermediary,omitempty"`
 }
 
 // DebugSync is the last sync APISIX accepted through confshim.
@@ -353,6 +366,8 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 	sort.Slice(doc.Merge, func(i, j int) bool { return doc.Merge[i].Section < doc.Merge[j].Section })
 
 	doc.DataPlane.Server = p.api.Server()
+	trusted, why := p.trustReason()
+	doc.DataPlane.Trust = DebugTrust{Mode: string(p.trust), Trusted: trusted, Why: why, Intermediary: p.api.Intermediary()}
 	if at := p.lastAnswer.Load(); at != 0 {
 		t := time.Unix(0, at)
 		doc.DataPlane.LastAnswerAt = &t
