@@ -2,7 +2,6 @@ package integration
 
 import (
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
-	"github.com/confshim/confshim/internal/testsupport/wait"
 	"github.com/confshim/confshim/proxy"
 
 	"net/http"
@@ -202,54 +201,6 @@ func waitFile(t *testing.T, file, want string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s never held %q", file, want)
 		}
-	}
-}
-
-// TestWatchLooksFollowTheirCost: at idle the watch pings HEAD /apisix/admin every
-// tick and looks at the configuration (a decode of the stored document on APISIX) as
-// often as its cost allows — at most 0.5 % of the worker, never more often than the
-// tick, at least once per safety interval (a minute in production).
-func TestWatchLooksFollowTheirCost(t *testing.T) {
-	const tick, idle = 10 * time.Millisecond, 1500 * time.Millisecond
-	for _, tc := range []struct {
-		name       string
-		lookCost   time.Duration // what one decode of the stored document costs
-		safety     time.Duration
-		minLooks   int
-		maxLooks   int
-		budgetOnly bool
-	}{
-		// a small configuration: looked at about every tick (its decode costs nothing)
-		{name: "cheap", lookCost: 0, safety: time.Hour, minLooks: 5, maxLooks: int(idle/tick) + 1},
-		// 2 ms a decode: 0.5 % allows one look per 0.4 s (more, measured with the round
-		// trip and a busy machine's scheduling: the latency is what the budget reads)
-		{name: "costly", lookCost: 2 * time.Millisecond, safety: time.Hour, minLooks: 1, maxLooks: 4, budgetOnly: true},
-		// very costly, bounded by the safety interval: one look per 500 ms at least
-		{name: "huge", lookCost: 100 * time.Millisecond, safety: 500 * time.Millisecond, minLooks: 2, maxLooks: 4},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s := newStack(t, stackOptions{reseed: tick, safety: tc.safety, adminKey: adminKey, decodeCost: -1})
-			mustLand(t, sync1(t, s.client(true), config("v1")))
-			if tc.lookCost > 0 {
-				perMiB := time.Duration(float64(tc.lookCost) * (1 << 20) / float64(s.em.StoredBytes()))
-				s.em.SetDecodeCost(perMiB)
-			}
-			wait.For(t, "the watch's first look", func() bool { return s.em.Costs().DecodesHEAD > 0 })
-			before := s.em.Costs()
-			time.Sleep(idle) // the idle period measured
-			after := s.em.Costs()
-			looks, pings := after.DecodesHEAD-before.DecodesHEAD, after.Pings-before.Pings
-			t.Logf("idle %v: %d looks, %d pings, %d decodes in all", idle, looks, pings, after.Decodes()-before.Decodes())
-			if looks < tc.minLooks || looks > tc.maxLooks {
-				t.Fatalf("%d looks in %v of idle, want %d to %d", looks, idle, tc.minLooks, tc.maxLooks)
-			}
-			if spent := time.Duration(looks) * tc.lookCost; tc.budgetOnly && spent > time.Duration(0.005*float64(idle))+tc.lookCost {
-				t.Fatalf("the looks cost %v of %v idle: over 0.5 %% (and one look)", spent, idle)
-			}
-			if pings < 20 {
-				t.Fatalf("only %d pings in %v: the watch is not watching", pings, idle)
-			}
-		})
 	}
 }
 

@@ -147,8 +147,11 @@ func TestFallbackOnAPISIX314UsesThePutsMessage(t *testing.T) {
 }
 
 func TestFallbackOverTheValidateCap(t *testing.T) {
-	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted})
+	// about correctness, not speed: no modelled decode cost, and a client and upstream
+	// patience a race-enabled build on a busy 2-core machine cannot run out of
+	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, decodeCost: -1, timeout: time.Minute})
 	c := s.client(true)
+	c.HTTP.Timeout = time.Minute
 	var routes []map[string]any
 	for i := 0; i < 3000; i++ {
 		r := route(fmt.Sprintf("r%d", i), fmt.Sprintf("/r%d", i), nil)

@@ -379,10 +379,7 @@ func TestClientGoneWhileSendingOrWaiting(t *testing.T) {
 		}
 		fmt.Fprintf(conn, "PUT /apisix/admin/configs HTTP/1.1\r\nHost: x\r\nX-API-KEY: %s\r\nX-Digest: d\r\nContent-Length: 1000\r\n\r\n{\"routes_conf_version\":", key)
 		conn.Close()
-		deadline := time.Now().Add(2 * time.Second)
-		for testutil.ToFloat64(f.m.ClientDisconnects) < 1 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
+		wait.For(t, "the cut body counted as a client gone", func() bool { return testutil.ToFloat64(f.m.ClientDisconnects) >= 1 })
 		if got := testutil.ToFloat64(f.m.ClientDisconnects); got != 1 || len(f.rec.puts()) != 0 {
 			t.Fatalf("disconnects %v, upstream saw %d PUTs", got, len(f.rec.puts()))
 		}
@@ -392,21 +389,42 @@ func TestClientGoneWhileSendingOrWaiting(t *testing.T) {
 		f, release := h.fixture, h.release
 		first := putAsync(t, f, `{"routes_conf_version":1}`, "a")
 		<-h.entered
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		probes := func() int {
+			n := 0
+			for _, s := range f.rec.all() {
+				if s.method == http.MethodPost && strings.HasSuffix(s.path, "/validate") {
+					n++
+				}
+			}
+			return n
+		}
+		before := probes()
+		// the second client gives up once confshim has let it in (its probe answered):
+		// wherever that finds it, reading its body or waiting for the lock, it is a client
+		// gone, never a PUT. Not a timeout, which a busy machine could run out before the
+		// request even arrives.
+		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		req, _ := http.NewRequestWithContext(ctx, "PUT", f.url+"/apisix/admin/configs", strings.NewReader(`{"routes_conf_version":2}`))
 		req.Header.Set("X-API-KEY", key)
 		req.Header.Set("X-Digest", "b")
-		if _, err := http.DefaultClient.Do(req); err == nil {
-			t.Fatal("want the waiting client's own timeout")
+		errc := make(chan error, 1)
+		go func() {
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			errc <- err
+		}()
+		wait.For(t, "the second PUT's probe", func() bool { return probes() > before })
+		cancel()
+		if err := <-errc; err == nil {
+			t.Fatal("want the waiting client's own cancellation")
 		}
+		wait.For(t, "the abandoned PUT counted as a client gone", func() bool { return testutil.ToFloat64(f.m.ClientDisconnects) >= 1 })
 		close(release)
 		if got := <-first; got != http.StatusAccepted {
 			t.Fatalf("first PUT: %d", got)
-		}
-		deadline := time.Now().Add(2 * time.Second)
-		for testutil.ToFloat64(f.m.ClientDisconnects) < 1 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
 		}
 		if got := len(f.rec.puts()); got != 1 {
 			t.Fatalf("the abandoned PUT reached APISIX: %d PUTs", got)

@@ -204,8 +204,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.dp = dp
 	if cfg.ReseedInterval > 0 {
 		p.watch = reseed.New(reseed.Config{Interval: cfg.ReseedInterval, SafetyInterval: cfg.WatchSafetyInterval, AdminKey: cfg.AdminKey,
-			API: api, Belief: dp, Metrics: cfg.Metrics, Log: cfg.Logger, ReadState: p.readState,
-			OnMoves: p.noteMoves, OnReseed: p.noteReseed})
+			API: api, Belief: dp, Metrics: cfg.Metrics, Log: cfg.Logger, Host: watchHost{p}})
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
@@ -422,4 +421,15 @@ func (p *Proxy) Wait() {
 		p.watch.Wait()
 	}
 	p.dp.Wait()
+}
+
+// watchHost is what the watch needs of the handler (reseed.Host).
+type watchHost struct{ p *Proxy }
+
+func (h watchHost) ReadState(ctx context.Context, creds apisix.Credentials) (*rewrite.State, string, string, error) {
+	return h.p.readState(ctx, creds)
+}
+func (h watchHost) NoteMoves(moves []dataplane.Move, how string) { h.p.noteMoves(moves, how) }
+func (h watchHost) NoteReseed(result string, status int, took time.Duration) {
+	h.p.noteReseed(result, status, took)
 }

@@ -50,6 +50,18 @@ const maxLoggedSections = 32
 // Learnt is how the watch learnt an out-of-band write.
 const Learnt = "watch"
 
+// Host is what the watcher needs of the handler it serves: the state read as the PUT
+// path makes it, and where to say what the watch learnt.
+type Host interface {
+	// ReadState reads and parses the data plane's configuration on the decide
+	// connection.
+	ReadState(ctx context.Context, creds apisix.Credentials) (st *rewrite.State, digest, lastModified string, err error)
+	// NoteMoves is told of the out-of-band writes a read back showed.
+	NoteMoves(moves []dataplane.Move, how string)
+	// NoteReseed is told of each re-seed's outcome (result as the metric's label).
+	NoteReseed(result string, status int, took time.Duration)
+}
+
 // Config is what the watcher needs.
 type Config struct {
 	Interval       time.Duration // --reseed-interval (> 0)
@@ -59,13 +71,12 @@ type Config struct {
 	Belief         *dataplane.Belief
 	Metrics        *metrics.Metrics
 	Log            zerolog.Logger
-	// ReadState reads and parses the data plane's configuration on the decide
-	// connection, as the PUT path does.
-	ReadState func(ctx context.Context, creds apisix.Credentials) (st *rewrite.State, digest, lastModified string, err error)
-	// OnMoves is told of the out-of-band writes a read back showed.
-	OnMoves func(moves []dataplane.Move, how string)
-	// OnReseed is told of each re-seed's outcome (result as the metric's label).
-	OnReseed func(result string, status int, took time.Duration)
+	Host           Host
+	// Ticks drive the watch (nil: a ticker of Interval) and Now is its clock (nil:
+	// time.Now): tests drive both, so that what they count does not depend on how busy
+	// the machine is.
+	Ticks <-chan time.Time
+	Now   func() time.Time
 }
 
 // Watcher is the watch. Its credentials are guarded by the belief's PUT lock.
@@ -80,11 +91,8 @@ func New(cfg Config) *Watcher {
 	if cfg.SafetyInterval <= 0 {
 		cfg.SafetyInterval = SafetyInterval
 	}
-	if cfg.OnMoves == nil {
-		cfg.OnMoves = func([]dataplane.Move, string) {}
-	}
-	if cfg.OnReseed == nil {
-		cfg.OnReseed = func(string, int, time.Duration) {}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	return &Watcher{cfg: cfg}
 }
@@ -126,9 +134,13 @@ func (w *Watcher) LookInterval(cost time.Duration) time.Duration {
 // run pings the data plane every interval and looks at its configuration (a configs
 // HEAD) when something suggests it changed, or as the budget allows.
 func (w *Watcher) run(ctx context.Context) {
-	t := time.NewTicker(w.cfg.Interval)
-	defer t.Stop()
-	b, api := w.cfg.Belief, w.cfg.API
+	ticks := w.cfg.Ticks
+	if ticks == nil {
+		t := time.NewTicker(w.cfg.Interval)
+		defer t.Stop()
+		ticks = t.C
+	}
+	b, api, now := w.cfg.Belief, w.cfg.API, w.cfg.Now
 	suspect := true // nothing is known at start
 	var lastServer string
 	var lastCheck time.Time
@@ -137,7 +149,7 @@ func (w *Watcher) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-ticks:
 		}
 		if !b.TryLock() {
 			continue // a PUT is in flight on the decide connection: it tells what a ping would
@@ -159,7 +171,7 @@ func (w *Watcher) run(ctx context.Context) {
 			suspect = true // a new connection, or another APISIX answering
 		}
 		lastServer = server
-		if !suspect && !b.RefreshDue() && time.Since(lastCheck) < w.LookInterval(lookCost) {
+		if !suspect && !b.RefreshDue() && now().Sub(lastCheck) < w.LookInterval(lookCost) {
 			continue
 		}
 		w.cfg.Log.Debug().Str("event", "watch").Bool("suspect", suspect).Msg("looking at the data plane's configuration")
@@ -168,7 +180,7 @@ func (w *Watcher) run(ctx context.Context) {
 			return
 		}
 		if looked {
-			suspect, lastCheck, lookCost = false, time.Now(), cost
+			suspect, lastCheck, lookCost = false, now(), cost
 		}
 	}
 }
@@ -187,9 +199,9 @@ func (w *Watcher) look(ctx context.Context) (looked bool, cost time.Duration, ok
 	if !have {
 		return false, 0, true // nobody's key yet: nothing kept either
 	}
-	start := time.Now()
+	start := w.cfg.Now()
 	head, status, err := api.Head(ctx, apisix.Shared, creds)
-	cost = time.Since(start)
+	cost = w.cfg.Now().Sub(start)
 	switch {
 	case status == http.StatusNotFound:
 		return false, 0, true // APISIX 3.13: said at the next tick
@@ -198,7 +210,7 @@ func (w *Watcher) look(ctx context.Context) (looked bool, cost time.Duration, ok
 	case head.LastModified == "":
 		b.Lock(context.Background())
 		defer b.Unlock()
-		w.ReseedLocked(ctx, time.Now(), nil)
+		w.ReseedLocked(ctx, w.cfg.Now(), nil)
 	default:
 		w.refresh(ctx, head.Digest, head.LastModified)
 	}
@@ -227,11 +239,11 @@ func (w *Watcher) refresh(ctx context.Context, digest, lastModified string) {
 		return
 	}
 	creds, _ := w.credentials()
-	st, d, lm, err := w.cfg.ReadState(ctx, creds)
+	st, d, lm, err := w.cfg.Host.ReadState(ctx, creds)
 	if err != nil || lm == "" {
 		return
 	}
-	w.cfg.OnMoves(b.Refreshed(st, d, lm, w.cfg.API.NoHead(), w.cfg.API.DecideConn()), Learnt)
+	w.cfg.Host.NoteMoves(b.Refreshed(st, d, lm, w.cfg.API.NoHead(), w.cfg.API.DecideConn()), Learnt)
 	w.cfg.Log.Debug().Str("event", "kept_refreshed").Msg("read the data plane's configuration back after a write confshim did not make")
 }
 
@@ -270,21 +282,21 @@ func (w *Watcher) ReseedLocked(ctx context.Context, foundEmpty time.Time, caller
 	}
 	if err != nil {
 		m.Reseed(metrics.ReseedFailed)
-		w.cfg.OnReseed(string(metrics.ReseedFailed), 0, time.Since(foundEmpty))
+		w.cfg.Host.NoteReseed(string(metrics.ReseedFailed), 0, w.cfg.Now().Sub(foundEmpty))
 		w.cfg.Log.Warn().Str("event", "reseed").Str("result", "failed").Str("error", apisix.SafeError(err)).Msg("re-seeding the data plane failed; retrying at the next check")
 		b.AskRefresh() // look again at the next tick
 		return false
 	}
-	took := time.Since(foundEmpty)
+	took := w.cfg.Now().Sub(foundEmpty)
 	if ans.Status != http.StatusAccepted {
 		m.Reseed(metrics.ReseedFailed)
-		w.cfg.OnReseed(string(metrics.ReseedFailed), ans.Status, took)
+		w.cfg.Host.NoteReseed(string(metrics.ReseedFailed), ans.Status, took)
 		w.cfg.Log.Warn().Str("event", "reseed").Str("result", "failed").Int("status", ans.Status).Str("answer", clipAnswer(ans.Body)).Msg("the data plane refused the kept configuration")
 		return false
 	}
 	m.Reseed(metrics.ReseedRestored)
 	m.ReseedDuration.Observe(took.Seconds())
-	w.cfg.OnReseed(string(metrics.ReseedRestored), ans.Status, took)
+	w.cfg.Host.NoteReseed(string(metrics.ReseedRestored), ans.Status, took)
 	versions := zerolog.Dict()
 	for i, s := range slices.Sorted(maps.Keys(k.Versions)) {
 		if i == maxLoggedSections {
