@@ -190,7 +190,7 @@ func (k *soak) restarted() {
 func (k *soak) newVariant() { k.variant = fmt.Sprintf("v%d", k.rng.IntN(1000)) }
 
 func (k *soak) step() {
-	switch n := k.rng.IntN(10); n {
+	switch n := k.rng.IntN(12); n {
 	case 0, 1:
 		k.events["change"]++
 		k.newVariant()
@@ -255,6 +255,36 @@ func (k *soak) step() {
 			// design (§8.4); the soak syncs first
 			k.sync()
 		}
+	case 10:
+		// the restart moments of issue 30: a bypassCache sync (a cold client cache, read
+		// from the data plane through confshim) the instant the data plane answers
+		// again, sometimes right after the operator rotated the secret
+		rotated := k.rng.IntN(2) == 0
+		k.events[map[bool]string{false: "bypassCache sync as the data plane returns", true: "secret rotated, restart, bypassCache sync"}[rotated]]++
+		if rotated {
+			k.token = fmt.Sprintf("token-%d", k.rng.IntN(1e6))
+			k.s.oobPut(k.t, func(doc map[string]any) {
+				v, _ := doc["secrets_conf_version"].(float64)
+				doc["secrets_conf_version"] = v + 1
+				doc["secrets"] = []any{map[string]any{"id": "vault/1", "uri": "http://vault:8200", "prefix": "kv", "token": k.token}}
+			})
+		}
+		k.s.restartDataPlane(k.t, time.Duration(50+k.rng.IntN(300))*time.Millisecond)
+		k.restarted()
+		k.clients[k.leader].Invalidate()
+		k.sync()
+		k.eventually(3*time.Second, "after a bypassCache sync as the data plane came back")
+	case 11:
+		k.events["rotated, then an idle restart"]++
+		k.token = fmt.Sprintf("token-%d", k.rng.IntN(1e6))
+		k.s.oobPut(k.t, func(doc map[string]any) {
+			v, _ := doc["secrets_conf_version"].(float64)
+			doc["secrets_conf_version"] = v + 1
+			doc["secrets"] = []any{map[string]any{"id": "vault/1", "uri": "http://vault:8200", "prefix": "kv", "token": k.token}}
+		})
+		k.s.restartDataPlane(k.t, time.Duration(50+k.rng.IntN(300))*time.Millisecond)
+		k.restarted()
+		k.eventually(3*time.Second, "re-seed after a restart right behind a rotation")
 	case 9:
 		k.events["idle"]++
 		time.Sleep(time.Duration(200+k.rng.IntN(800)) * time.Millisecond)

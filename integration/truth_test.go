@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/wait"
 	"github.com/confshim/confshim/proxy"
 )
 
@@ -146,4 +148,41 @@ func validateThrough(t *testing.T, base string, body []byte) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// TestKeyPairOn318HoldsBackOneConsumer (issue 32): APISIX 3.18 accepted two consumers
+// sharing a key-auth key once; afterwards it refuses the one loaded earlier in every PUT
+// that carries consumers, and its accepted copy just the same. That consumer is left
+// out, every other change lands, and the answer names it.
+func TestKeyPairOn318HoldsBackOneConsumer(t *testing.T) {
+	s := newStack(t, stackOptions{version: "3.18.0", fallback: true, reseed: time.Hour})
+	c := s.client(true)
+	pair := func(variant string) adcclient.Config {
+		cfg := config(variant)
+		cfg["consumers"] = []map[string]any{
+			{"username": "team-a", "plugins": map[string]any{"key-auth": map[string]any{"key": "shared"}}},
+			{"username": "team-b", "plugins": map[string]any{"key-auth": map[string]any{"key": "shared"}}},
+			// a consumer that changes with the variant: the section is sent (an unchanged
+			// one is thin, and APISIX checks nothing in it)
+			{"username": "team-" + variant, "plugins": map[string]any{"key-auth": map[string]any{"key": "key-" + variant}}},
+		}
+		return cfg
+	}
+	mustLand(t, sync1(t, c, pair("v1"))) // accepted once: neither held the key yet
+	wait.For(t, "the workers to apply the pair", s.em.Applied)
+	cfg := pair("v2")
+	cfg["upstreams"][0]["nodes"] = []any{map[string]any{"host": "10.244.0.77", "port": 80, "weight": 100}}
+	res := sync1(t, c, cfg)
+	mustNameHeld(t, res.Status, res.Body, "team-a")
+	mustContain(t, s.items(t, "routes"), `"/v2"`)
+	mustContain(t, s.items(t, "upstreams"), "10.244.0.77")
+	consumers := s.items(t, "consumers")
+	if strings.Contains(consumers, `"team-a"`) || !strings.Contains(consumers, `"team-b"`) || !strings.Contains(consumers, `"team-v2"`) {
+		t.Fatalf("consumers %s: want team-b and team-v2 (team-a's copy is refused too)", consumers)
+	}
+	// the next sync with another change: lands again, the same consumer named
+	cfg = pair("v3")
+	res = sync1(t, c, cfg)
+	mustNameHeld(t, res.Status, res.Body, "team-a")
+	mustContain(t, s.items(t, "routes"), `"/v3"`)
 }

@@ -114,7 +114,8 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 				return nil, nil
 			}
 		}
-		held = append(held, pr.hold(plan, accepted, found)...)
+		pr.refuseCopies(ctx, plan, accepted, found)
+		held = mergeHeld(held, pr.hold(plan, accepted, found))
 		corrected, err := plan.Apply()
 		if err != nil {
 			return nil, nil
@@ -176,6 +177,52 @@ func (pr *putRequest) rejections(ctx context.Context, round int, plan *rewrite.P
 	}
 	i, _ := strconv.Atoi(m[2])
 	return []rewrite.Rejection{{Section: m[1], Index: i, Error: strings.TrimPrefix(errorMessage(respBody), m[0])}}, true
+}
+
+// refuseCopies asks the data plane (validate, 3.15+) whether it takes the accepted
+// copies the rejected items would be backfilled with: a copy it refuses too (a key
+// another consumer now holds, on 3.18) would fail the corrected PUT the same way, so
+// its item is left out instead. One validate call per section with copies to check.
+func (pr *putRequest) refuseCopies(ctx context.Context, plan *rewrite.Plan, accepted *rewrite.Accepted, found []rewrite.Rejection) {
+	if !pr.p.api.HasValidate() {
+		return // 3.13/3.14: the next round's message names a refused copy
+	}
+	ids, copies := map[string][]string{}, map[string][][]byte{}
+	for _, r := range found {
+		items := plan.Items(r.Section)
+		if r.Index < 0 || r.Index >= len(items) || items[r.Index].ID == "" {
+			continue
+		}
+		if raw, ok := accepted.Lookup(r.Section, items[r.Index].ID); ok {
+			ids[r.Section] = append(ids[r.Section], items[r.Index].ID)
+			copies[r.Section] = append(copies[r.Section], raw)
+		}
+	}
+	for section, raws := range copies {
+		errs, ok := pr.p.api.ValidateSection(ctx, pr.creds, section, raws)
+		if !ok {
+			continue // unknown: the corrected PUT tells
+		}
+		for _, e := range errs {
+			if e.Index >= 0 && e.Index < len(ids[section]) {
+				accepted.Refuse(section, ids[section][e.Index])
+			}
+		}
+	}
+}
+
+// mergeHeld adds the newly held items, an item held again (its copy refused: now left
+// out) replacing its earlier entry.
+func mergeHeld(held, more []dataplane.Held) []dataplane.Held {
+	for _, h := range more {
+		i := slices.IndexFunc(held, func(o dataplane.Held) bool { return o.Section == h.Section && o.ID == h.ID })
+		if i >= 0 {
+			held[i] = h
+			continue
+		}
+		held = append(held, h)
+	}
+	return held
 }
 
 // corrected is the corrected PUT: its body, and a digest of its own (another body than
@@ -413,6 +460,11 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 	accepted, err := pr.acceptedCopies(ctx)
 	if err != nil {
 		return nil, nil
+	}
+	for _, h := range p.dp.HeldBack() {
+		if !h.Backfilled {
+			accepted.Refuse(h.Section, h.ID) // left out last time: its copy is no use
+		}
 	}
 	held := pr.hold(plan, accepted, found)
 	corrected, err := plan.Apply()

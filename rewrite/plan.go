@@ -72,10 +72,21 @@ func (pl *Plan) Hold(found []Rejection, accepted *Accepted) []Hold {
 	var held []Hold
 	holdOne := func(section string, index int, why string) bool {
 		items := pl.Items(section)
-		if index < 0 || index >= len(items) || pl.Splice.Held(section, index) {
+		if index < 0 || index >= len(items) {
 			return false
 		}
 		it := items[index]
+		if pl.Splice.Held(section, index) {
+			if with := pl.Splice.Items[section][index]; with == nil || it.ID == "" {
+				return false // left out already
+			}
+			// rejected again: its accepted copy is refused too (a key another consumer
+			// holds on 3.18), so it is left out now, and what refers to it with it
+			pl.Splice.Hold(section, index, nil)
+			pl.leftOut[Reference{Section: section, ID: it.ID}] = true
+			held = append(held, Hold{Section: section, ID: it.ID, Error: why, Raw: it.Raw})
+			return true
+		}
 		h := Hold{Section: section, ID: it.ID, Error: why, Raw: it.Raw}
 		if copyOf, ok := accepted.Lookup(section, it.ID); ok && it.ID != "" {
 			pl.Splice.Hold(section, index, copyOf)
@@ -147,6 +158,7 @@ func (pl *Plan) Apply() ([]byte, error) {
 type Accepted struct {
 	items    map[string][]byte
 	sections map[string]map[string][]byte
+	refused  map[Reference]bool
 }
 
 // NewAccepted takes each section's raw items (the kept configuration's, or the data
@@ -155,8 +167,20 @@ func NewAccepted(items map[string][]byte) *Accepted {
 	return &Accepted{items: items, sections: map[string]map[string][]byte{}}
 }
 
+// Refuse marks the accepted copy of section's item id as one the data plane refuses
+// now: the item is left out instead of backfilled with it.
+func (a *Accepted) Refuse(section, id string) {
+	if a.refused == nil {
+		a.refused = map[Reference]bool{}
+	}
+	a.refused[Reference{Section: section, ID: id}] = true
+}
+
 // Lookup is the accepted copy of section's item id.
 func (a *Accepted) Lookup(section, id string) ([]byte, bool) {
+	if a.refused[Reference{Section: section, ID: id}] {
+		return nil, false
+	}
 	byID, ok := a.sections[section]
 	if !ok {
 		byID = map[string][]byte{}

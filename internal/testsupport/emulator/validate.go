@@ -305,6 +305,37 @@ var authKeyAttrs = map[string]string{
 	"ldap-auth": "user_dn", "ldap-auth-advanced": "user_dn",
 }
 
+// keyOwner is who holds an auth key among the applied consumers.
+type keyOwner struct{ consumer, credential string }
+
+// appliedKeyOwners is the applied consumers' auth keys (plugin NUL value) and who holds
+// each, as APISIX 3.18's apisix/consumer.lua builds its lookup: one owner per key, the
+// consumer loaded last winning. Two consumers that came to share a key (accepted once,
+// before either was applied) leave the key to the later one, so a PUT refuses only the
+// earlier (validate names index 0).
+func appliedKeyOwners(applied table) map[string]keyOwner {
+	owners := map[string]keyOwner{}
+	list, _ := applied["consumers"].([]any)
+	for _, raw := range list {
+		other, _ := raw.(table)
+		op, _ := other["plugins"].(table)
+		o := keyOwner{}
+		if credID, isCred := other["id"].(string); isCred {
+			o.consumer, _, _ = strings.Cut(credID, "/credentials/")
+			o.credential = credID
+		} else {
+			o.consumer, _ = other["username"].(string)
+		}
+		for plugin, attr := range authKeyAttrs {
+			oc, _ := op[plugin].(table)
+			if value, _ := oc[attr].(string); value != "" {
+				owners[plugin+"\x00"+value] = o
+			}
+		}
+	}
+	return owners
+}
+
 // checkAgainstApplied runs the state-dependent checks of §4.1.3 against what the data
 // plane currently holds (the caller holds e.mu, or reads a consistent snapshot).
 func (e *Emulator) checkAgainstApplied(key string, item table) *checkError {
@@ -327,7 +358,7 @@ func (e *Emulator) checkAgainstApplied(key string, item table) *checkError {
 			return nil // not applied to credential items in this mode
 		}
 		plugins, _ := item["plugins"].(table)
-		applied, _ := e.applied()["consumers"].([]any)
+		owners := appliedKeyOwners(e.applied())
 		for _, plugin := range sortedKeys(plugins) {
 			attr, tracked := authKeyAttrs[plugin]
 			conf, _ := plugins[plugin].(table)
@@ -335,21 +366,13 @@ func (e *Emulator) checkAgainstApplied(key string, item table) *checkError {
 			if !tracked || value == "" || strings.HasPrefix(value, "$secret://") || strings.HasPrefix(value, "$env://") {
 				continue
 			}
-			for _, raw := range applied {
-				other, _ := raw.(table)
-				op, _ := other["plugins"].(table)
-				oc, _ := op[plugin].(table)
-				if oc == nil || oc[attr] != value {
-					continue
-				}
-				if credID, isCred := other["id"].(string); isCred {
-					owner, _, _ := strings.Cut(credID, "/credentials/")
-					if owner != username {
-						return &checkError{msg: fmt.Sprintf("duplicate %s of plugin %s found with credential: %s of consumer: %s", attr, plugin, credID, owner)}
-					}
-				} else if name, _ := other["username"].(string); name != username {
-					return &checkError{msg: fmt.Sprintf("duplicate %s of plugin %s found with consumer: %s", attr, plugin, name)}
-				}
+			o, held := owners[plugin+"\x00"+value]
+			switch {
+			case !held || o.consumer == username:
+			case o.credential != "":
+				return &checkError{msg: fmt.Sprintf("duplicate %s of plugin %s found with credential: %s of consumer: %s", attr, plugin, o.credential, o.consumer)}
+			default:
+				return &checkError{msg: fmt.Sprintf("duplicate %s of plugin %s found with consumer: %s", attr, plugin, o.consumer)}
 			}
 		}
 	}
