@@ -90,6 +90,7 @@ type stackOptions struct {
 	// trust is --trust-connection ("": auto); fallbackAnswer is --fallback-answer
 	trust          proxy.TrustMode
 	fallbackAnswer proxy.FallbackAnswer
+	fallbackBudget time.Duration // 0: the contract's 10 s
 }
 
 func newStack(t testing.TB, o stackOptions) *stack {
@@ -120,6 +121,7 @@ func (s *stack) startProxy(t testing.TB) {
 		Merge:               s.opts.merge,
 		Fallback:            s.opts.fallback,
 		FallbackAnswer:      s.opts.fallbackAnswer,
+		FallbackBudget:      s.opts.fallbackBudget,
 		TrustConnection:     s.opts.trust,
 		MaxBodyBytes:        64 << 20,
 		UpstreamTimeout:     s.timeout,

@@ -186,3 +186,18 @@ func TestKeyPairOn318HoldsBackOneConsumer(t *testing.T) {
 	mustNameHeld(t, res.Status, res.Body, "team-a")
 	mustContain(t, s.items(t, "routes"), `"/v3"`)
 }
+
+// TestFallbackWorkStopsWhereItsBudgetEnds (§8.5): a sync with fallback work is answered
+// within its budget (10 s; 1 s here) although the second step could wait longer (the
+// workers apply 2.5 s late): the corrected PUT's outcome is the answer, and the held rule
+// is named.
+func TestFallbackWorkStopsWhereItsBudgetEnds(t *testing.T) {
+	s, _, _, res, took := renamed(t, stackOptions{fallback: true, fallbackBudget: time.Second, appliedLag: 2500 * time.Millisecond}, false)
+	if took > 1800*time.Millisecond {
+		t.Fatalf("the sync took %v with a 1 s budget", took)
+	}
+	mustNameHeld(t, res.Status, res.Body, "prometheus")
+	if got := counter(s.metrics.FallbackPuts.WithLabelValues("applied")); got != 1 {
+		t.Fatalf("fallback_puts_total{applied} = %v: the corrected PUT should have landed", got)
+	}
+}

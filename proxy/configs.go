@@ -52,7 +52,8 @@ type putRequest struct {
 	forwardedDigest  string
 	bytesOut         int
 	answeredByAPISIX bool
-	appliedStatus    int // APISIX's 2xx when the client is told of held items with a 400
+	appliedStatus    int           // APISIX's 2xx when the client is told of held items with a 400
+	putTook          time.Duration // how long the last PUT of this sync took (§8.5's budget)
 }
 
 // maxRedials bounds how often one PUT is decided again because the connection its
@@ -320,7 +321,9 @@ func (pr *putRequest) send(out outgoingPut, res *rewrite.Result) (*apisix.Answer
 	if res != nil {
 		conn, ctx = apisix.Decide, apisix.NoRedial(ctx)
 	}
+	start := time.Now()
 	ans, done, err := pr.p.forwardPut(ctx, conn, pr.r, out)
+	pr.putTook = time.Since(start)
 	pr.sent = append(pr.sent, done)
 	if res != nil && res.Changed {
 		buf := res.Body[:0]

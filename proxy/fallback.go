@@ -84,7 +84,8 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 	if !p.cfg.Fallback || res == nil || pr.prepared == nil || !pr.prepared.IsJSON() || !itemLevel(respBody) {
 		return nil, nil
 	}
-	ctx := pr.ctx
+	ctx, cancel := pr.budgeted()
+	defer cancel()
 	forwarded, err := p.rw.Prepare(out.body) // scanned once, for every round
 	if err != nil {
 		return nil, nil
@@ -125,10 +126,13 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 			pr.unavailable("the PUT's deadline passed before the corrected PUT", ctx.Err())
 			return nil, nil
 		}
+		if !pr.affords("the corrected PUT") {
+			return nil, nil // nothing corrected was sent: the first answer stands
+		}
 		if holds, err := p.stillHolds(ctx, pr.creds, p.dp.Digest(), p.dp.LastModified()); err != nil || !holds {
 			return nil, staleBelief{} // APISIX closed the connection, and what it holds moved: decide again
 		}
-		r2, done, err := p.forwardPut(apisix.NoRedial(ctx), apisix.Decide, pr.r, next)
+		r2, done, err := pr.timedPut(next) // the PUT's own deadline: never cut by the budget
 		pr.sent = append(pr.sent, done)
 		if err != nil {
 			p.m.FallbackPut(metrics.FallbackUnavailable)
@@ -518,8 +522,12 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) (*fall
 	if len(waiting) == 0 {
 		return nil, nil
 	}
-	ctx := pr.ctx
+	ctx, cancel := pr.budgeted()
+	defer cancel()
 	deadline := time.Now().Add(secondStepWindow)
+	if end := pr.budgetEnd().Add(-pr.putTook); end.Before(deadline) {
+		deadline = end // the second PUT must still fit in the budget
+	}
 	var passed map[string]bool
 	for passed == nil && time.Now().Before(deadline) {
 		ok := map[string]bool{}
@@ -575,11 +583,14 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) (*fall
 		pr.unavailable("the PUT's deadline passed before the second PUT", ctx.Err())
 		return nil, nil
 	}
+	if !pr.affords("the second PUT") {
+		return nil, nil
+	}
 	next := outgoingPut{body: body, digest: fb.out.digest + "+2", setDigest: fb.out.setDigest}
 	if holds, err := p.stillHolds(ctx, pr.creds, fb.ans.Header.Get("X-Digest"), fb.ans.Header.Get("X-Last-Modified")); err != nil || !holds {
 		return nil, staleBelief{landed: true}
 	}
-	r2, done, err := p.forwardPut(apisix.NoRedial(ctx), apisix.Decide, pr.r, next)
+	r2, done, err := pr.timedPut(next)
 	pr.sent = append(pr.sent, done)
 	if err != nil {
 		// the second PUT got no answer: the client gets the first corrected PUT's, and
@@ -601,6 +612,38 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) (*fall
 	p.log.Info().Str("event", "fallback").Str("result", "second_put").Int("landed", len(passed)).
 		Msg("items rejected for what the data plane held passed once the rest was applied; sent in a second PUT")
 	return &fallbackResult{ans: r2, out: next, prepared: prepared, held: held, versions: versions}, nil
+}
+
+// FallbackBudget is how long a sync with fallback work may take before its client is
+// answered with what is known (§8.5): the controller gives ADC 15 s per sync.
+const FallbackBudget = 10 * time.Second
+
+// budgetEnd is when the sync's fallback work must stop, counted from its arrival.
+func (pr *putRequest) budgetEnd() time.Time { return pr.start.Add(pr.p.cfg.FallbackBudget) }
+
+// budgeted is the PUT's context bounded by the fallback's budget, for what may be cut
+// short without leaving an outcome unknown: validate calls, the waits between them.
+func (pr *putRequest) budgeted() (context.Context, context.CancelFunc) {
+	return context.WithDeadline(pr.ctx, pr.budgetEnd())
+}
+
+// affords: a PUT as long as the last one still fits in the budget; otherwise the client
+// is answered with what is known, and nothing more is sent.
+func (pr *putRequest) affords(what string) bool {
+	if time.Until(pr.budgetEnd()) > pr.putTook {
+		return true
+	}
+	pr.unavailable("the budget of a sync with fallback work ("+pr.p.cfg.FallbackBudget.String()+") ends before "+what, context.DeadlineExceeded)
+	return false
+}
+
+// timedPut sends a PUT of this sync on the decide connection, under the PUT's own
+// deadline, and keeps how long it took (the next PUT is expected to take as long).
+func (pr *putRequest) timedPut(out outgoingPut) (*apisix.Answer, <-chan struct{}, error) {
+	start := time.Now()
+	ans, done, err := pr.p.forwardPut(apisix.NoRedial(pr.ctx), apisix.Decide, pr.r, out)
+	pr.putTook = time.Since(start)
+	return ans, done, err
 }
 
 // secondStepWindow and secondStepPause: how long and how often held items are

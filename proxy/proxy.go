@@ -42,7 +42,10 @@ type Config struct {
 	Fallback bool     // --fallback backfill (§8.5)
 	// FallbackAnswer is --fallback-answer: what the client is told when items were held
 	// back ("" is rejection).
-	FallbackAnswer  FallbackAnswer
+	FallbackAnswer FallbackAnswer
+	// FallbackBudget bounds a sync with fallback work (0: FallbackBudget, 10 s); tests
+	// shorten it.
+	FallbackBudget  time.Duration
 	MaxBodyBytes    int64         // larger request bodies get 413
 	UpstreamTimeout time.Duration // per upstream request
 	AdminKey        string        // for confshim's own background requests, never a caller's
@@ -141,6 +144,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.Metrics == nil {
 		errs = append(errs, errors.New("proxy: Metrics is required"))
+	}
+	if cfg.FallbackBudget <= 0 {
+		cfg.FallbackBudget = FallbackBudget
 	}
 	if cfg.FallbackAnswer == "" {
 		cfg.FallbackAnswer = AnswerRejection
