@@ -7,6 +7,9 @@ BENCHTIME ?= 1s
 FUZZTIME  ?= 60s
 STATICCHECK_VERSION ?= v0.8.2
 PROMTOOL  ?= promtool
+# bash with pipefail: a target that pipes go test through grep fails when the tests do
+SHELL     := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 
 .PHONY: all build test run bench load soak lint monitoring fuzz integration docker clean
 

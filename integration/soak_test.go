@@ -75,10 +75,13 @@ type soak struct {
 	// look (on this small configuration every interval or so, by the cost budget). A
 	// data plane that restarts before that gets the previous token back, the newest one
 	// confshim knew: the documented limit of a watch that does not decode the
-	// configuration at every ping. newer is the token it may have learnt meanwhile.
-	known  string
-	newer  string
-	events map[string]int
+	// configuration at every ping. pending are the tokens written since known, oldest
+	// first; after a restart the data plane may hold any of them (the watch learnt it in
+	// time): newer lists those.
+	known   string
+	pending []string
+	newer   []string
+	events  map[string]int
 }
 
 func (k *soak) fail(format string, a ...any) {
@@ -122,9 +125,11 @@ func (k *soak) holds() string {
 		}
 	}
 	raw, _ := json.Marshal(doc["secrets"])
-	if k.newer != "" && strings.Contains(string(raw), `"token":"`+k.newer+`"`) {
-		k.token, k.known, k.newer = k.newer, k.newer, "" // the watch had learnt it in time
-		return ""
+	for _, newer := range k.newer {
+		if strings.Contains(string(raw), `"token":"`+newer+`"`) {
+			k.token, k.known, k.newer, k.pending = newer, newer, nil, nil // the watch had learnt it in time
+			return ""
+		}
 	}
 	if k.token == "" {
 		if string(raw) != "null" {
@@ -175,15 +180,13 @@ func (k *soak) sync() {
 	if msg := k.holds(); msg != "" {
 		k.fail("after a landed sync of %s: %s", k.variant, msg)
 	}
-	k.known, k.newer = k.token, ""
+	k.known, k.newer, k.pending = k.token, nil, nil
 }
 
 // restarted: the data plane lost what confshim had not seen yet (or it comes back, when
 // the watch had seen it).
 func (k *soak) restarted() {
-	if k.token != k.known {
-		k.newer = k.token
-	}
+	k.newer = append([]string(nil), k.pending...)
 	k.token = k.known
 }
 
@@ -201,6 +204,7 @@ func (k *soak) step() {
 	case 3:
 		k.events["secrets"]++
 		k.token = fmt.Sprintf("token-%d", k.rng.IntN(1e6))
+		k.pending = append(k.pending, k.token)
 		k.s.oobPut(k.t, func(doc map[string]any) {
 			v, _ := doc["secrets_conf_version"].(float64)
 			doc["secrets_conf_version"] = v + 1
@@ -247,7 +251,7 @@ func (k *soak) step() {
 		k.startConfshim(withDir)
 		time.Sleep(300 * time.Millisecond) // its first look at the data plane
 		if withDir {
-			k.known = k.token
+			k.known, k.pending = k.token, nil
 		}
 		if !withDir {
 			// memory only: what the data plane holds is unknown to the new process until a
@@ -263,6 +267,7 @@ func (k *soak) step() {
 		k.events[map[bool]string{false: "bypassCache sync as the data plane returns", true: "secret rotated, restart, bypassCache sync"}[rotated]]++
 		if rotated {
 			k.token = fmt.Sprintf("token-%d", k.rng.IntN(1e6))
+			k.pending = append(k.pending, k.token)
 			k.s.oobPut(k.t, func(doc map[string]any) {
 				v, _ := doc["secrets_conf_version"].(float64)
 				doc["secrets_conf_version"] = v + 1
@@ -277,6 +282,7 @@ func (k *soak) step() {
 	case 11:
 		k.events["rotated, then an idle restart"]++
 		k.token = fmt.Sprintf("token-%d", k.rng.IntN(1e6))
+		k.pending = append(k.pending, k.token)
 		k.s.oobPut(k.t, func(doc map[string]any) {
 			v, _ := doc["secrets_conf_version"].(float64)
 			doc["secrets_conf_version"] = v + 1

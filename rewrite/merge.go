@@ -287,11 +287,14 @@ func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits
 	// produced, so the union is what the data plane holds (an out-of-band write would
 	// have moved the version).
 	if entry, ok := in.Record.entry(section); ok && entry.version == vS && entry.sum == o.sum && knows && dpKnows {
-		o.fp, o.fpKnown, o.applied = entry.fp, entry.fpKnown, vS
+		o.fp, o.fpKnown, o.applied, o.kept = entry.fp, entry.fpKnown, vS, entry.kept
 		res.owned[section] = owned
 		changed = keepVersion(&change, present, vR, vS)
 		if changed {
 			e.setVersion(&p.obj, vi, section, vS)
+			if o.kept {
+				change.Action = Merged // §8.6: items were kept, the client's own or not
+			}
 		}
 		return o, change, changed, nil
 	}
@@ -311,12 +314,15 @@ func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits
 	}
 	res.owned[section] = ids
 	res.Merges = append(res.Merges, MergeReport{Section: section, ClientOwned: len(ids), Kept: kept, Unowned: !knows && kept > 0, KeptIDs: keptIDs})
-	o.fp, o.fpKnown = h.sectionFingerprint(section, merged), true
+	o.fp, o.fpKnown, o.kept = h.sectionFingerprint(section, merged), true, kept > 0
 	if o.fp == h.sectionFingerprint(section, in.State.Items[section]) { // the union is what it holds
 		o.applied = vS
 		changed = keepVersion(&change, present, vR, vS)
 		if changed {
 			e.setVersion(&p.obj, vi, section, vS)
+			if o.kept {
+				change.Action = Merged // §8.6: the section kept items the client never sent
+			}
 		}
 		return o, change, changed, nil
 	}

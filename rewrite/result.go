@@ -18,6 +18,7 @@ type recordEntry struct {
 	fp      uint64 // semantic fingerprint of the section's content (when fpKnown)
 	fpKnown bool
 	version float64
+	kept    bool // a --merge section whose union kept items the client never sent
 }
 
 // Without returns the record with sections forgotten (their content on the data plane
@@ -97,6 +98,7 @@ type outcome struct {
 	applied  float64 // the version after a 202, as APISIX stores it
 	current  float64 // the data plane's version before the PUT (kept on a 204)
 	dpKnows  bool    // the data plane reported this section
+	kept     bool    // a merged section that keeps items the client never sent (§8.6)
 }
 
 // maxHeaderBytes bounds X-Confshim-Actions: Node's HTTP client (ADC) refuses headers
@@ -135,7 +137,7 @@ func (r *Result) Commit(noContent bool) *Record {
 		if noContent {
 			v = o.current
 		}
-		rec.entries[o.section] = recordEntry{sum: o.sum, fp: o.fp, fpKnown: o.fpKnown, version: v}
+		rec.entries[o.section] = recordEntry{sum: o.sum, fp: o.fp, fpKnown: o.fpKnown, version: v, kept: o.kept}
 	}
 	return rec
 }
