@@ -32,7 +32,7 @@ func KeptFromState(st *rewrite.State, digest, lastModified string, owned rewrite
 	k := &Kept{Digest: digest, LastModified: lastModified, Versions: map[string]float64{}, Items: map[string]json.RawMessage{}, Owned: owned}
 	for s, v := range st.Versions {
 		k.Versions[s] = v
-		if items := st.Items[s]; len(items) > 0 {
+		if items := st.Items[s]; !noItems(items) {
 			k.Items[s] = bytes.Clone(items)
 		}
 	}
@@ -68,11 +68,20 @@ func derive(prev *Kept, st *rewrite.State, digest, lastModified string, owned re
 		default:
 			return nil
 		}
-		if len(items) > 0 && !bytes.Equal(bytes.TrimSpace(items), []byte("[]")) {
+		if !noItems(items) {
 			next.Items[o.Section] = items
 		}
 	}
 	return next
+}
+
+// noItems: a section without items — absent, [] or {} (how cjson writes an empty array
+// back in a GET). A re-seed never sends such a section's items at all: after 3.18
+// APISIX refuses a section that is not an array (spec §13), and the version alone
+// leaves it empty just the same.
+func noItems(items []byte) bool {
+	t := bytes.TrimSpace(items)
+	return len(t) == 0 || bytes.Equal(t, []byte("[]")) || bytes.Equal(t, []byte("{}"))
 }
 
 // Body is the PUT that restores the configuration: every version, every section's
@@ -98,7 +107,7 @@ func (k *Kept) Body() ([]byte, error) {
 		b = append(b, name...)
 		b = append(b, ':')
 		b = appendNumber(b, k.Versions[s])
-		if items := k.Items[s]; len(items) > 0 {
+		if items := k.Items[s]; !noItems(items) {
 			name, _ := json.Marshal(s)
 			b = append(b, ',')
 			b = append(b, name...)

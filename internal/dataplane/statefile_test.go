@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"encoding/json"
+	"github.com/confshim/confshim/rewrite"
 	"os"
 	"path/filepath"
 	"strings"
@@ -148,5 +149,23 @@ func TestReseedBodyIsJSON(t *testing.T) {
 	}
 	if doc["routes_conf_version"] != 1.5 || doc["ro\x7futes_conf_version"] != float64(2) {
 		t.Fatalf("re-seed body %s", body)
+	}
+}
+
+// TestKeptNeverSendsAnEmptySectionAsAnObject: a GET answers an empty section as {}
+// (cjson); the re-seed built from it sends that section's version alone, never {}:
+// APISIX after 3.18 refuses a section that is not an array (spec §13).
+func TestKeptNeverSendsAnEmptySectionAsAnObject(t *testing.T) {
+	st, err := rewrite.ParseState([]byte(`{"routes_conf_version":3,"routes":{},"upstreams_conf_version":2,"upstreams":[],"secrets_conf_version":1,"secrets":[{"id":"vault/1","uri":"http://v","prefix":"kv","token":"t"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := KeptFromState(st, "d", "1", nil).Body()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"routes_conf_version":3,"secrets_conf_version":1,"secrets":[{"id":"vault/1","uri":"http://v","prefix":"kv","token":"t"}],"upstreams_conf_version":2}`
+	if string(body) != want {
+		t.Fatalf("re-seed body %s, want %s", body, want)
 	}
 }

@@ -4,6 +4,12 @@
 // version T only to sections whose items changed, echoes everything else byte for byte
 // (other sections, unknown keys, their cached versions), and replaces its cache with
 // what it sent after any 2xx. It never re-reads the data plane while its cache is warm.
+//
+// Gen030 is ADC 0.30, the Rust rewrite (§13): it keeps and sends only its eight
+// sections, always all sixteen keys (a section read back as {} is sent as []), PUTs
+// with ?wait=3000, takes 200 and 204 as applied (202 too where APISIX predates ?wait:
+// before 3.19 every accepted PUT is a 202) and keeps its cache on a 202 from 3.19, and
+// after a failed sync re-validates the whole document to report each refused item.
 package adcclient
 
 import (
@@ -27,6 +33,25 @@ import (
 // will, apache/apisix-ingress-controller#2831; only when the configuration has them).
 var Modelled = []string{"routes", "services", "upstreams", "consumers", "ssls", "global_rules", "plugin_metadata", "stream_routes", "secrets"}
 
+// Sections030 are the only sections ADC 0.30 reads, keeps and sends (§13): never
+// secrets, plugin_configs, consumer_groups, protos or plugins.
+var Sections030 = []string{"routes", "services", "upstreams", "ssls", "consumers", "global_rules", "plugin_metadata", "stream_routes"}
+
+// Generation is the ADC release a Client behaves like.
+type Generation int
+
+const (
+	Gen028 Generation = iota // the TypeScript ADC 0.28 (the default)
+	Gen030                   // the Rust ADC 0.30
+)
+
+func (g Generation) String() string {
+	if g == Gen030 {
+		return "adc-0.30"
+	}
+	return "adc-0.28"
+}
+
 // Config is the desired configuration: items per modelled section.
 type Config map[string][]map[string]any
 
@@ -40,6 +65,10 @@ type Client struct {
 	// Restamp lists sections re-stamped on every sync although unchanged (a new
 	// version and a new modifiedIndex), as ADC 0.28 does with plugin_metadata.
 	Restamp []string
+	// Gen is the ADC release modelled (Gen028 by default).
+	Gen Generation
+	// server is the Server header of the cold sequence's version HEAD
+	server string
 
 	cache  []member // raw cache, in order; nil when cold
 	latest int64
@@ -58,6 +87,16 @@ type Result struct {
 	Body   []byte
 	Sent   []byte // the PUT body
 	T      int64
+	// Failed are the ids a Gen030 client reports refused after a failed sync: what its
+	// re-validation of the whole document named (ADC's failed[], the controller's status)
+	Failed []string
+}
+
+// New030 returns a cold ADC 0.30 client.
+func New030(server, key string) *Client {
+	c := New(server, key)
+	c.Gen = Gen030
+	return c
 }
 
 // New returns a cold client.
@@ -109,8 +148,9 @@ func (c *Client) fill(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.server = head.Header.Get("Server")
 	method := http.MethodHead
-	if v := strings.TrimPrefix(head.Header.Get("Server"), "APISIX/"); strings.HasPrefix(v, "3.13") {
+	if v := strings.TrimPrefix(c.server, "APISIX/"); strings.HasPrefix(v, "3.13") {
 		method = http.MethodGet
 	}
 	if r, err := c.do(ctx, method, "/apisix/admin/configs", nil, map[string]string{"X-API-KEY": c.Key}); err != nil {
@@ -129,6 +169,9 @@ func (c *Client) fill(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if c.Gen == Gen030 {
+		members = only030(members)
+	}
 	c.cache, c.latest = members, 0
 	for _, m := range members {
 		if strings.HasSuffix(m.key, "_conf_version") {
@@ -138,6 +181,28 @@ func (c *Client) fill(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// only030 keeps what ADC 0.30 reads of a dump: its eight sections and their versions,
+// in its own order, all sixteen keys (a missing or {} section is []; a missing version 0).
+func only030(members []member) []member {
+	byKey := map[string]json.RawMessage{}
+	for _, m := range members {
+		byKey[m.key] = m.raw
+	}
+	out := make([]member, 0, 2*len(Sections030))
+	for _, s := range Sections030 {
+		v := byKey[s+"_conf_version"]
+		if len(v) == 0 {
+			v = json.RawMessage("0")
+		}
+		items := byKey[s]
+		if len(items) == 0 || string(items) == "{}" {
+			items = json.RawMessage("[]")
+		}
+		out = append(out, member{key: s + "_conf_version", raw: v}, member{key: s, raw: items})
+	}
+	return out
 }
 
 // parseMembers reads the top-level members of an object, in order, raw.
@@ -202,6 +267,15 @@ func (c *Client) Body(cfg Config, t int64) []byte {
 	}
 	for _, section := range Modelled {
 		desired, managed := cfg[section]
+		if c.Gen == Gen030 {
+			if !slices.Contains(Sections030, section) {
+				continue // never sent
+			}
+			if desired == nil {
+				desired = []map[string]any{} // declared empty: all sixteen keys always go
+			}
+			managed = true
+		}
 		if !managed {
 			continue
 		}
@@ -210,6 +284,10 @@ func (c *Client) Body(cfg Config, t int64) []byte {
 			cached = members[i].raw
 		}
 		if reflect.DeepEqual(normalize(cached), normalizeDesired(desired)) && !slices.Contains(c.Restamp, section) {
+			if c.Gen == Gen030 && cached == nil {
+				set(section, json.RawMessage("[]"))
+				set(section+"_conf_version", json.RawMessage("0"))
+			}
 			continue
 		}
 		items := make([]map[string]any, len(desired))
@@ -262,19 +340,70 @@ func (c *Client) NextT() int64 {
 // Put sends a body built by Body for T t, and on a 2xx takes it as the new cache.
 func (c *Client) Put(ctx context.Context, body []byte, t int64) (*Result, error) {
 	sum := sha1.Sum(body)
-	res, err := c.do(ctx, http.MethodPut, "/apisix/admin/configs", body, map[string]string{
+	path := "/apisix/admin/configs"
+	if c.Gen == Gen030 {
+		path += "?wait=3000" // ADC_APISIX_STANDALONE_SYNC_WAIT_MS
+	}
+	res, err := c.do(ctx, http.MethodPut, path, body, map[string]string{
 		"X-API-KEY": c.Key, "x-digest": hex.EncodeToString(sum[:]),
 	})
 	if err != nil {
 		return nil, err
 	}
 	res.Sent, res.T = body, t
-	if res.Status/100 == 2 {
+	if c.applied(res.Status) {
 		if members, err := parseMembers(body); err == nil {
 			c.cache, c.latest = members, t
 		}
 	}
-	return res, nil
+	if c.Gen == Gen030 && res.Status/100 != 2 {
+		res.Failed, err = c.revalidate(ctx, body)
+	}
+	return res, err
+}
+
+// applied: the answer makes the client take what it sent as its cache. ADC 0.30
+// against APISIX ≥ 3.19 waits for 200 (applied everywhere) or 204; a 202 there means
+// accepted only, and the cache stays as it was.
+func (c *Client) applied(status int) bool {
+	if status/100 != 2 {
+		return false
+	}
+	if c.Gen == Gen030 && status == http.StatusAccepted {
+		return !waits(c.server)
+	}
+	return true
+}
+
+// waits: the data plane answers ?wait (APISIX after 3.18).
+func waits(server string) bool {
+	v := strings.TrimPrefix(server, "APISIX/")
+	major, rest, _ := strings.Cut(v, ".")
+	minor, _, _ := strings.Cut(rest, ".")
+	n, err := strconv.Atoi(minor)
+	return major == "3" && err == nil && n >= 19
+}
+
+// revalidate is ADC 0.30 after a failed sync: POST /configs/validate of the whole
+// document, each refused item's id reported (failed[]).
+func (c *Client) revalidate(ctx context.Context, body []byte) ([]string, error) {
+	r, err := c.do(ctx, http.MethodPost, "/apisix/admin/configs/validate", body, map[string]string{"X-API-KEY": c.Key})
+	if err != nil {
+		return nil, err
+	}
+	var v struct {
+		Errors []struct {
+			ID any `json:"resource_id"`
+		} `json:"errors"`
+	}
+	_ = json.Unmarshal(r.Body, &v)
+	var ids []string
+	for _, e := range v.Errors {
+		if e.ID != nil {
+			ids = append(ids, fmt.Sprint(e.ID))
+		}
+	}
+	return ids, nil
 }
 
 // CachedVersion returns the cached <section>_conf_version (0 when absent).

@@ -8,6 +8,7 @@ package emulator
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -55,15 +56,17 @@ const apisixDecodeCost = 25 * time.Millisecond
 
 // Request is a PUT as the emulator received it.
 type Request struct {
-	Header http.Header
-	Body   []byte
+	Header   http.Header
+	Body     []byte
+	RawQuery string
 }
 
 // Emulator is an http.Handler that behaves like APISIX's standalone Admin API.
 type Emulator struct {
-	opts  Options
-	minor int // 13, 14, … (APISIX 3.x)
-	ver   string
+	waitPuts int // PUTs that carried ?wait
+	opts     Options
+	minor    int // 13, 14, … (APISIX 3.x)
+	ver      string
 
 	mu      sync.Mutex
 	stored  []byte // the shared dict's "config" value; nil when nothing is stored
@@ -518,6 +521,10 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	conf, ok := v.(table)
+	if msg := e.shapeError(v, raw, isYAML); msg != "" {
+		writeJSON(w, http.StatusBadRequest, errorMsg(msg))
+		return
+	}
 	if !ok {
 		_, isArray := v.([]any)
 		_, isString := v.(string)
@@ -580,7 +587,83 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Last-Modified", formatLuaNumber(lastModified))
 		w.Header().Set("X-Digest", digest)
 	}
-	writeLua(w, http.StatusAccepted, nil)
+	answer := http.StatusAccepted
+	if wait, ok := e.waitParam(r); ok {
+		// §13: answered 200 once every worker applied it within wait, else 202
+		lag := e.opts.AppliedLag
+		e.mu.Unlock()
+		if lag <= wait {
+			time.Sleep(max(lag, 0))
+			answer = http.StatusOK
+		} else {
+			time.Sleep(wait)
+		}
+		e.mu.Lock()
+	}
+	writeLua(w, answer, nil)
+}
+
+// waitParam is PUT's ?wait=<ms> on a data plane that has it (after 3.18, §13); a value
+// that is not an integer counts as 0.
+func (e *Emulator) waitParam(r *http.Request) (time.Duration, bool) {
+	if e.minor < 19 || !r.URL.Query().Has("wait") {
+		return 0, false
+	}
+	ms, _ := strconv.Atoi(r.URL.Query().Get("wait"))
+	return time.Duration(max(ms, 0)) * time.Millisecond, true
+}
+
+// shapeError is the declarative-body shape check of the data plane after 3.18 (§13,
+// apache/apisix#13886): the top level an object, every section an array, every item an
+// object (the messages are the emulator's: the sources do not show APISIX's). A JSON
+// section is judged by its bytes: [] and {} decode alike (cjson), which is the point.
+func (e *Emulator) shapeError(v any, raw []byte, isYAML bool) string {
+	if e.minor < 19 {
+		return ""
+	}
+	conf, ok := v.(table)
+	if !ok {
+		return "invalid configuration: the top level must be an object"
+	}
+	var members map[string]json.RawMessage
+	if !isYAML {
+		_ = json.Unmarshal(raw, &members)
+	}
+	for _, k := range e.sections() {
+		value, present := conf[k]
+		if !present {
+			continue
+		}
+		if m, ok := members[k]; ok {
+			var items []json.RawMessage
+			if json.Unmarshal(m, &items) != nil {
+				return fmt.Sprintf("invalid configuration: %s must be an array", k)
+			}
+			for i, it := range items {
+				if t := bytes.TrimSpace(it); len(t) == 0 || t[0] != '{' {
+					return fmt.Sprintf("invalid configuration: %s[%d] must be an object", k, i)
+				}
+			}
+			continue
+		}
+		items, isArray := value.([]any)
+		if _, isTable := value.(table); !isArray && !(isTable && len(value.(table)) == 0) {
+			return fmt.Sprintf("invalid configuration: %s must be an array", k)
+		}
+		for i, it := range items {
+			if _, isObject := it.(table); !isObject {
+				return fmt.Sprintf("invalid configuration: %s[%d] must be an object", k, i)
+			}
+		}
+	}
+	return ""
+}
+
+// WaitPuts is how many PUTs carried ?wait.
+func (e *Emulator) WaitPuts() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.waitPuts
 }
 
 // Applied reports whether the workers have applied the last accepted PUT (at once
@@ -603,7 +686,10 @@ func (e *Emulator) notePut(r *http.Request, body []byte) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.puts++
-	e.lastPut = &Request{Header: r.Header.Clone(), Body: body}
+	e.lastPut = &Request{Header: r.Header.Clone(), Body: body, RawQuery: r.URL.RawQuery}
+	if r.URL.Query().Has("wait") {
+		e.waitPuts++
+	}
 }
 
 // versionOf reads V from the request: (value, present, error message).

@@ -710,3 +710,42 @@ func TestDecodeCounts(t *testing.T) {
 		t.Fatal("a restarted, empty data plane has nothing to decode")
 	}
 }
+
+// TestAfter318WaitAndShape: the 3.19 profile (§13): ?wait answers 200 once the workers
+// applied the PUT within the wait, else 202; without wait, or before 3.19, 202; an
+// unchanged digest stays 204; a section that is not an array or an item that is not an
+// object is refused and nothing changes.
+func TestAfter318WaitAndShape(t *testing.T) {
+	waitPut := func(body, digest, wait string) call {
+		c := put(body, digest)
+		c.path += "?wait=" + wait
+		return c
+	}
+	em := newEm(t, "3.19.0")
+	expect(t, waitPut(config1, "d1", "3000").do(t, em), http.StatusOK, "")
+	expect(t, waitPut(config1, "d1", "3000").do(t, em), http.StatusNoContent, "")
+	expect(t, put(`{"routes":[]}`, "d2").do(t, em), http.StatusAccepted, "")
+	lagged, _ := New(Options{Version: "3.19.0", AdminKey: key, AppliedLag: 200 * time.Millisecond})
+	expect(t, waitPut(config1, "d1", "50").do(t, lagged), http.StatusAccepted, "")
+	expect(t, waitPut(config1, "d2", "soon").do(t, lagged), http.StatusAccepted, "") // not an integer: 0
+	if em.WaitPuts() != 2 || lagged.WaitPuts() != 2 {
+		t.Fatalf("wait PUTs counted %d and %d", em.WaitPuts(), lagged.WaitPuts())
+	}
+	old := newEm(t, "3.18.0")
+	expect(t, waitPut(config1, "d1", "3000").do(t, old), http.StatusAccepted, "")
+	expect(t, put(`{"routes":{}}`, "d3").do(t, old), http.StatusAccepted, "") // 3.18 takes {} as an empty table
+	for body, msg := range map[string]string{
+		`{"routes":{}}`:      "routes must be an array",
+		`{"routes":[1]}`:     "routes[0] must be an object",
+		`["routes"]`:         "the top level must be an object",
+		`{"secrets":"none"}`: "secrets must be an array",
+	} {
+		resp := put(body, "shape").do(t, em)
+		if got := readAll(t, resp); resp.StatusCode != http.StatusBadRequest || !strings.Contains(got, msg) {
+			t.Fatalf("%s: %d %s, want 400 naming %q", body, resp.StatusCode, got, msg)
+		}
+	}
+	if doc, _ := getDoc(t, em); doc["routes_conf_version"] == nil {
+		t.Fatal("a refused shape changed the stored document")
+	}
+}
