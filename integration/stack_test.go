@@ -91,6 +91,7 @@ type stackOptions struct {
 	trust          proxy.TrustMode
 	fallbackAnswer proxy.FallbackAnswer
 	fallbackBudget time.Duration // 0: the contract's 10 s
+	skipItemLists  bool          // the benchmarks' baseline without the ids each sync touched
 }
 
 func newStack(t testing.TB, o stackOptions) *stack {
@@ -122,6 +123,7 @@ func (s *stack) startProxy(t testing.TB) {
 		Fallback:            s.opts.fallback,
 		FallbackAnswer:      s.opts.fallbackAnswer,
 		FallbackBudget:      s.opts.fallbackBudget,
+		SkipItemLists:       s.opts.skipItemLists,
 		TrustConnection:     s.opts.trust,
 		MaxBodyBytes:        64 << 20,
 		UpstreamTimeout:     s.timeout,

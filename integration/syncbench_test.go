@@ -213,3 +213,40 @@ func BenchmarkFallback(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkItemLists is issue 33's price end to end: a one-route change of the 10k
+// configuration through confshim to the emulator (APISIX's decode costs), with the ids
+// each sync touched and without them (the baseline, in the same process), and an
+// identical sync, which compares nothing.
+func BenchmarkItemLists(b *testing.B) {
+	const n = 10000
+	for _, scenario := range []string{"one-route", "identical"} {
+		for _, skip := range []bool{true, false} {
+			name := scenario + "/with-ids"
+			if skip {
+				name = scenario + "/without"
+			}
+			b.Run(name, func(b *testing.B) {
+				s := newStack(b, stackOptions{reseed: time.Hour, skipItemLists: skip})
+				ctx := context.Background()
+				c := s.client(true)
+				mustLand(b, sync1(b, c, largeConfig(n, "a")))
+				mustLand(b, sync1(b, c, largeConfig(n, "a")))
+				variant := "a"
+				for b.Loop() {
+					b.StopTimer()
+					if scenario == "one-route" {
+						variant = map[string]string{"a": "b", "b": "a"}[variant]
+					}
+					t := c.NextT()
+					body := c.Body(largeConfig(n, variant), t)
+					b.StartTimer()
+					res, err := c.Put(ctx, body, t)
+					if err != nil || res.Status/100 != 2 {
+						b.Fatalf("%v %+v", err, res)
+					}
+				}
+			})
+		}
+	}
+}

@@ -54,6 +54,11 @@ type putRequest struct {
 	answeredByAPISIX bool
 	appliedStatus    int           // APISIX's 2xx when the client is told of held items with a 400
 	putTook          time.Duration // how long the last PUT of this sync took (§8.5's budget)
+
+	// which items the sync touched (§7), computed once the lock is free
+	corr    correlation
+	touched touchedItems
+	items   []rewrite.ItemChanges
 }
 
 // maxRedials bounds how often one PUT is decided again because the connection its
@@ -66,7 +71,7 @@ const maxRedials = 2
 // X-Confshim-Actions.
 func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 	cw := &capturingWriter{ResponseWriter: w}
-	pr := &putRequest{p: p, w: cw, r: r, creds: apisix.CredentialsOf(r), start: time.Now(), learnt: learntByReread}
+	pr := &putRequest{p: p, w: cw, r: r, creds: apisix.CredentialsOf(r), start: time.Now(), learnt: learntByReread, corr: correlationOf(r)}
 	defer pr.record(cw) // after the lock is given back
 	if !pr.authorize() || !pr.readBody() {
 		return
@@ -78,6 +83,7 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 	if a := pr.underLock(); a != nil {
 		a.write(pr.w) // the lock is free again: the next PUT need not wait for this client
 	}
+	pr.items = pr.touched.diff(p.rw) // while the body's buffer is still ours
 }
 
 // underLock decides and sends within the PUT's one deadline: every upstream call it
@@ -101,7 +107,7 @@ func (pr *putRequest) record(cw *capturingWriter) {
 	if pr.appliedStatus != 0 && status == http.StatusBadRequest {
 		status = pr.appliedStatus // /debug/config shows what APISIX applied, as with accepted
 	}
-	pr.p.recordSync(syncRecord{start: pr.start, status: status, by: by, errorMsg: cw.head, in: &pr.in, clientDigest: pr.clientSent,
+	pr.p.recordSync(syncRecord{start: pr.start, status: status, corr: pr.corr, items: pr.items, by: by, errorMsg: cw.head, in: &pr.in, clientDigest: pr.clientSent,
 		prepared: pr.prepared, res: pr.res, forwarded: pr.forwardedDigest, bytesOut: pr.bytesOut})
 }
 
@@ -286,8 +292,14 @@ func (pr *putRequest) forward() *answer {
 			prepared = fb.prepared // what APISIX took is the corrected body
 		}
 		p.count(res, out, ans)
-		p.answered(pr, ans, res, prepared, out)
 		held := pr.allHeld(fb)
+		if ans.Status/100 == 2 && !p.cfg.SkipItemLists {
+			pr.touched = touchedItems{held: held}
+			if ans.Status != http.StatusNoContent { // a 204 took nothing from the body
+				pr.touched.before, pr.touched.fallback, pr.touched.res, pr.touched.after = p.dp.KeptState(), pr.in.State, res, prepared
+			}
+		}
+		p.answered(pr, ans, res, prepared, out)
 		if ans.Status/100 == 2 {
 			pr.afterAccepted(fb, held)
 		}

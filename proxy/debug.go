@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"github.com/rs/zerolog"
 	"maps"
 	"net/http"
 	"net/url"
@@ -160,12 +161,26 @@ type DebugReseed struct {
 
 // DebugSyncLine is one entry of the ring of recent syncs.
 type DebugSyncLine struct {
+	correlation
 	At         time.Time `json:"at"`
 	Status     int       `json:"status"`
 	Actions    []string  `json:"actions,omitempty"`
 	DurationMS float64   `json:"duration_ms"`
 	BytesIn    int       `json:"bytes_in"`
 	BytesOut   int       `json:"bytes_out"`
+	// Items are the ids each section it changed added, changed, removed and held back
+	// (at most 20 of each, with counts): never values.
+	Items []rewrite.ItemChanges `json:"items,omitempty"`
+}
+
+// touches reports whether the sync listed id in any section.
+func (l *DebugSyncLine) touches(id string) bool {
+	for i := range l.Items {
+		if l.Items[i].Touches(id) {
+			return true
+		}
+	}
+	return false
 }
 
 // debugLog is what /debug/config is built from; its own lock, never the PUT lock.
@@ -212,12 +227,14 @@ type syncRecord struct {
 	res          *rewrite.Result
 	forwarded    string
 	bytesOut     int
+	corr         correlation
+	items        []rewrite.ItemChanges
 }
 
 // recordSync files one configs PUT. It runs once per PUT, copying small values only.
 func (p *Proxy) recordSync(r syncRecord) {
 	now := time.Now()
-	line := DebugSyncLine{At: now, Status: r.status, DurationMS: ms(now.Sub(r.start)), BytesOut: r.bytesOut}
+	line := DebugSyncLine{correlation: r.corr, At: now, Status: r.status, DurationMS: ms(now.Sub(r.start)), BytesOut: r.bytesOut, Items: r.items}
 	if r.in != nil {
 		line.BytesIn = len(r.in.Body)
 	}
@@ -246,6 +263,7 @@ func (p *Proxy) recordSync(r syncRecord) {
 			rejected.Sections = r.prepared.Sections(maxLoggedSections)
 		}
 	}
+	p.logSync(line) // outside the debug lock
 	p.debug.mu.Lock()
 	defer p.debug.mu.Unlock()
 	if accepted != nil {
@@ -405,15 +423,71 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 	return doc
 }
 
-// DebugHandler serves /debug/config.
+// DebugHandler serves /debug/config; ?id=<id> answers only the recent syncs that
+// touched that id (added, changed, removed or held back, in any section).
 func (p *Proxy) DebugHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(p.DebugConfig())
+		doc := p.DebugConfig()
+		if r.URL.Query().Has("id") {
+			id := rewrite.Clip(r.URL.Query().Get("id"))
+			_ = enc.Encode(struct {
+				ID    string          `json:"id"`
+				Syncs []DebugSyncLine `json:"syncs"`
+			}{id, doc.SyncsTouching(id)})
+			return
+		}
+		_ = enc.Encode(doc)
 	})
+}
+
+// SyncsTouching are the recent syncs that listed id, oldest first.
+func (d *DebugConfig) SyncsTouching(id string) []DebugSyncLine {
+	out := []DebugSyncLine{}
+	for i := range d.RecentSyncs {
+		if d.RecentSyncs[i].touches(id) {
+			out = append(out, d.RecentSyncs[i])
+		}
+	}
+	return out
+}
+
+// logSync is the sync's one log line: its correlation, status, header words and the
+// ids it touched, bounded as /debug/config bounds them.
+func (p *Proxy) logSync(line DebugSyncLine) {
+	ev := p.log.Info().Str("event", "sync").Str("sync_id", line.SyncID).Int("status", line.Status).Float64("duration_ms", line.DurationMS)
+	if line.Traceparent != "" {
+		ev = ev.Str("traceparent", line.Traceparent)
+	}
+	if line.RequestID != "" {
+		ev = ev.Str("request_id", line.RequestID)
+	}
+	if len(line.Actions) > 0 {
+		ev = ev.Strs("actions", line.Actions)
+	}
+	if len(line.Items) > 0 {
+		arr := zerolog.Arr()
+		for _, c := range line.Items {
+			d := zerolog.Dict().Str("section", c.Section)
+			for _, l := range []struct {
+				name string
+				list rewrite.IDList
+			}{{"added", c.Added}, {"changed", c.Changed}, {"removed", c.Removed}, {"held_back", c.Held}} {
+				if l.list.Count > 0 {
+					d = d.Strs(l.name, l.list.IDs).Int(l.name+"_count", l.list.Count)
+				}
+			}
+			if c.Unknown {
+				d = d.Bool("unknown", true)
+			}
+			arr = arr.Dict(d)
+		}
+		ev = ev.Array("items", arr)
+	}
+	ev.Msg("configs PUT done")
 }
 
 // credentialFreeURL is the upstream URL without user information.

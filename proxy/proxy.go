@@ -66,6 +66,8 @@ type Config struct {
 	// AllowCIDRs, when not empty, is who may talk to the Admin API through confshim,
 	// checked against the TCP peer (never X-Forwarded-For).
 	AllowCIDRs []netip.Prefix
+	// SkipItemLists leaves out the ids each sync touched (§7): the benchmarks' baseline.
+	SkipItemLists bool
 	// TrustConnection is --trust-connection: when a sync may be decided without reading
 	// the data plane (§5.4). "" is auto.
 	TrustConnection TrustMode

@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/confshim/confshim/internal/testsupport/fixture"
@@ -92,5 +93,36 @@ func BenchmarkScan(b *testing.B) {
 	benchBody(b, func(body []byte) error {
 		_, err := scanObject(body, buf[:0])
 		return err
+	})
+}
+
+// BenchmarkOneRouteIDs is issue 33's price: a one-route change on the 10k fixture,
+// decided (the steady state's record), then with the sync's id lists — the changed
+// section compared with the data plane's copy item by item. ids/decide is the ratio.
+func BenchmarkOneRouteIDs(b *testing.B) {
+	p := fixture.Stale(10000)
+	p.Request = bytes.Replace(p.Request, []byte(`"uris":["/app-5000",`), []byte(`"uris":["/app-5000-moved",`), 1)
+	c := steady(b, p, true)
+	st := c.in.State
+	b.Run("decide", func(b *testing.B) { runRewrite(b, c, true) })
+	b.Run("decide+ids", func(b *testing.B) {
+		b.SetBytes(int64(c.len))
+		b.ReportAllocs()
+		in := c.in
+		prepared, err := c.rw.Prepare(in.Body) // the proxy has it: the client's body, scanned once
+		if err != nil {
+			b.Fatal(err)
+		}
+		items, _ := prepared.JSONItems("routes")
+		for b.Loop() {
+			res, err := c.rw.Rewrite(in)
+			if err != nil {
+				b.Fatal(err)
+			}
+			in.Buf = res.Body[:0]
+			if d := c.rw.DiffItems("routes", st.Items["routes"], items); d.Changed.Count != 1 {
+				b.Fatalf("changed %d routes, want 1", d.Changed.Count)
+			}
+		}
 	})
 }

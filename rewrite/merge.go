@@ -50,7 +50,21 @@ type arrayItem struct {
 // splitItems cuts a JSON array (as validated by the scan) into its elements, reading
 // each element's identity: id, or for consumers username. Linear in the bytes.
 func splitItems(section string, raw []byte) ([]arrayItem, error) {
-	var out []arrayItem
+	items, err := rawItems(section, raw)
+	if err != nil || items == nil {
+		return nil, err
+	}
+	out := make([]arrayItem, len(items))
+	for i, item := range items {
+		out[i] = arrayItem{raw: item, id: itemID(section, item)}
+	}
+	return out, nil
+}
+
+// rawItems cuts a section's JSON array into its items' bytes, without reading them
+// (nil for an absent value or an object, which APISIX reads as no items).
+func rawItems(section string, raw []byte) ([][]byte, error) {
+	var out [][]byte
 	i := skipWS(raw, 0)
 	switch {
 	case i >= len(raw): // absent: no items
@@ -66,8 +80,7 @@ func splitItems(section string, raw []byte) ([]arrayItem, error) {
 		if end <= i {
 			return nil, fmt.Errorf("%s: an item cannot be read", clip(section))
 		}
-		item := raw[i:end]
-		out = append(out, arrayItem{raw: item, id: itemID(section, item)})
+		out = append(out, raw[i:end])
 		i = skipWS(raw, end)
 		if i < len(raw) && raw[i] == ',' {
 			i = skipWS(raw, i+1)

@@ -205,6 +205,30 @@ func only030(members []member) []member {
 	return out
 }
 
+// itemKey is an item's identity in ADC's diff: its id, or a consumer's username.
+func itemKey(it map[string]any) string {
+	if id, ok := it["id"]; ok {
+		return fmt.Sprint(id)
+	}
+	return fmt.Sprint(it["username"])
+}
+
+// cachedByID are a cached section's items' bytes by identity.
+func cachedByID(raw json.RawMessage) map[string]json.RawMessage {
+	var items []json.RawMessage
+	if json.Unmarshal(raw, &items) != nil {
+		return nil
+	}
+	out := make(map[string]json.RawMessage, len(items))
+	for _, item := range items {
+		var it map[string]any
+		if json.Unmarshal(item, &it) == nil {
+			out[itemKey(it)] = item
+		}
+	}
+	return out
+}
+
 // parseMembers reads the top-level members of an object, in order, raw.
 func parseMembers(body []byte) ([]member, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -290,16 +314,28 @@ func (c *Client) Body(cfg Config, t int64) []byte {
 			}
 			continue
 		}
-		items := make([]map[string]any, len(desired))
+		// items created or replaced get modifiedIndex T; the others keep their cached
+		// bytes, modifiedIndex included (§3)
+		kept := cachedByID(cached)
+		var buf bytes.Buffer
+		buf.WriteByte('[')
 		for i, it := range desired {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			if old, ok := kept[itemKey(it)]; ok && reflect.DeepEqual(normalize(json.RawMessage("["+string(old)+"]")), normalizeDesired([]map[string]any{it})) {
+				buf.Write(old)
+				continue
+			}
 			cp := map[string]any{"modifiedIndex": t}
 			for k, v := range it {
 				cp[k] = v
 			}
-			items[i] = cp
+			raw, _ := json.Marshal(cp)
+			buf.Write(raw)
 		}
-		raw, _ := json.Marshal(items)
-		set(section, raw)
+		buf.WriteByte(']')
+		set(section, buf.Bytes())
 		set(section+"_conf_version", json.RawMessage(strconv.FormatInt(t, 10)))
 	}
 	var b bytes.Buffer

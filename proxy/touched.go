@@ -1,0 +1,93 @@
+package proxy
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+
+	"github.com/confshim/confshim/internal/dataplane"
+	"github.com/confshim/confshim/rewrite"
+)
+
+// Which item a sync touched, and which controller sync it was (contract §7): the ids
+// each section it changed added, changed, removed and held back, and the client's
+// correlation (W3C traceparent or X-Request-Id, forwarded to APISIX unchanged as every
+// other header) or confshim's own sync id. Never a value.
+
+// maxCorrelationBytes bounds a client's correlation header as kept (§5.7).
+const maxCorrelationBytes = 128
+
+// correlation joins a sync with the client's and APISIX's logs.
+type correlation struct {
+	SyncID      string `json:"sync_id"`
+	Traceparent string `json:"traceparent,omitempty"`
+	RequestID   string `json:"request_id,omitempty"`
+}
+
+func correlationOf(r *http.Request) correlation {
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return correlation{SyncID: hex.EncodeToString(id[:]),
+		Traceparent: clipString(r.Header.Get("Traceparent"), maxCorrelationBytes),
+		RequestID:   clipString(r.Header.Get("X-Request-Id"), maxCorrelationBytes)}
+}
+
+// touchedItems is what an accepted sync needs to list the items it touched, taken under
+// the lock (immutable values and the forwarded body) and compared after it.
+type touchedItems struct {
+	before   *rewrite.State    // the data plane's items before the PUT: the kept configuration's
+	fallback *rewrite.State    // else the state the sync was decided on, when it had items
+	res      *rewrite.Result   // which sections took their items from the body
+	after    *rewrite.Prepared // what APISIX took
+	held     []dataplane.Held
+}
+
+// diff lists, per section whose items APISIX took from the body (bumped, applied,
+// merged, backfilled), what changed by id; settled, raised and thin sections cost
+// nothing. Held items are listed with their section.
+func (t touchedItems) diff(rw *rewrite.Rewriter) []rewrite.ItemChanges {
+	if t.res == nil && len(t.held) == 0 {
+		return nil
+	}
+	before := t.before
+	if before == nil && t.fallback != nil && t.fallback.ItemsKnown {
+		before = t.fallback
+	}
+	var out []rewrite.ItemChanges
+	index := map[string]int{}
+	if t.res != nil && t.after != nil && t.after.IsJSON() {
+		for _, o := range t.res.Outcomes() {
+			if !o.FromBody || len(out) == maxDebugSections {
+				continue
+			}
+			items, _ := t.after.JSONItems(o.Section)
+			var c rewrite.ItemChanges
+			if before == nil {
+				c = rewrite.ItemChanges{Section: rewrite.Clip(o.Section), Unknown: true}
+			} else {
+				c = rw.DiffItems(o.Section, before.Items[o.Section], items)
+			}
+			index[o.Section] = len(out)
+			out = append(out, c)
+		}
+	}
+	for _, h := range t.held {
+		i, ok := index[h.Section]
+		if !ok {
+			if len(out) == maxDebugSections {
+				continue
+			}
+			i = len(out)
+			index[h.Section] = i
+			out = append(out, rewrite.ItemChanges{Section: rewrite.Clip(h.Section)})
+		}
+		out[i].HeldItem(h.ID)
+	}
+	kept := out[:0]
+	for _, c := range out {
+		if !c.Empty() {
+			kept = append(kept, c)
+		}
+	}
+	return kept
+}
