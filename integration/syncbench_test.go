@@ -95,16 +95,20 @@ func BenchmarkDecodes(b *testing.B) {
 	flip := map[string]string{"a": "b", "b": "a"}
 	for _, n := range []int{10000, 40000} {
 		for _, scenario := range []string{"identical", "one-route", "reordered", "oob-between", "idle"} {
-			for _, through := range []bool{false, true} {
-				name := fmt.Sprintf("%dk/%s/direct", n/1000, scenario)
-				if through {
-					name = fmt.Sprintf("%dk/%s/confshim", n/1000, scenario)
+			for _, path := range []string{"direct", "confshim", "confshim-never"} {
+				through, never := path != "direct", path == "confshim-never"
+				if never && scenario != "identical" && scenario != "one-route" {
+					continue // --trust-connection never: what reading before every decision costs
 				}
+				name := fmt.Sprintf("%dk/%s/%s", n/1000, scenario, path)
 				b.Run(name, func(b *testing.B) {
 					const tick, minute = 10 * time.Millisecond, 600 * time.Millisecond
 					// per sync the watch stays out of the count (it never ticks); at idle it
 					// runs only where confshim is in the path
 					opts := stackOptions{reseed: time.Hour, adminKey: adminKey}
+					if never {
+						opts.trust = proxy.TrustNever
+					}
 					if scenario == "idle" {
 						opts = stackOptions{adminKey: adminKey}
 						if through {
