@@ -6,11 +6,13 @@ import (
 	"github.com/confshim/confshim/proxy"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
 	"github.com/confshim/confshim/internal/testsupport/emulator"
+	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
 // BenchmarkSync measures what APISIX does for ADC-shaped syncs of the 10k configuration
@@ -252,5 +254,61 @@ func BenchmarkItemLists(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkWorstFallback is the worst sync with fallback work we can make on the 40k
+// configuration against the emulator with APISIX's decode costs (issue 32): an operator's
+// out-of-band write just before (so the corrected PUT meets a version conflict and the
+// whole sync is decided again on a fresh read), a route APISIX rejects, and the metrics
+// rule renamed (rejected for what APISIX holds, landed by a second step once the workers
+// applied the first, 300 ms late). Beside it, a clean one-route sync of the same
+// configuration. The contract's budget is 10 s (§8.5): the worst sync's ns/op over 1e10
+// is its share of it.
+func BenchmarkWorstFallback(b *testing.B) {
+	const n = 40000
+	before := func(variant string) adcclient.Config {
+		cfg := largeConfig(n, variant)
+		cfg["global_rules"] = []map[string]any{{"id": "1", "plugins": map[string]any{"prometheus": map[string]any{}}}}
+		return cfg
+	}
+	for _, scenario := range []string{"clean", "worst"} {
+		b.Run(fmt.Sprintf("40k/%s", scenario), func(b *testing.B) {
+			var took time.Duration
+			syncs := 0
+			for b.Loop() {
+				b.StopTimer()
+				s := newStack(b, stackOptions{fallback: true, reseed: time.Hour, adminKey: adminKey, appliedLag: 300 * time.Millisecond, timeout: time.Minute})
+				c := s.client(true)
+				c.HTTP.Timeout = time.Minute
+				mustLand(b, sync1(b, c, before("a")))
+				wait.For(b, "the workers to apply", s.em.Applied)
+				cfg := before("b") // one route changed
+				if scenario == "worst" {
+					oobSecret(b, s, syncs)
+					cfg["routes"][7]["plugins"] = map[string]any{"nope": map[string]any{}}
+					cfg["global_rules"] = []map[string]any{{"id": "prometheus", "plugins": map[string]any{"prometheus": map[string]any{"prefer_name": true}}}}
+				}
+				t := c.NextT()
+				body := c.Body(cfg, t)
+				b.StartTimer()
+				start := time.Now()
+				res, err := c.Put(context.Background(), body, t)
+				took += time.Since(start)
+				b.StopTimer()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if scenario == "worst" && (res.Status != http.StatusBadRequest || !strings.Contains(string(res.Body), `"r7"`)) {
+					b.Fatalf("the worst sync: %d %s, want the 400 naming r7", res.Status, res.Body)
+				}
+				if scenario == "clean" && res.Status/100 != 2 {
+					b.Fatalf("the clean sync: %d %s", res.Status, res.Body)
+				}
+				syncs++
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(took)/float64(syncs)/float64(10*time.Second), "budget-share")
+		})
 	}
 }
