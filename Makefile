@@ -21,7 +21,7 @@ build:
 
 # lint, the alert rules' tests, the race-enabled suite, then the tests that measure
 # memory (only meaningful without -race). The Docker-bound tests live behind the build
-# tag `containers` (make integration), the soak behind `soak`, the load behind `load`.
+# module integration/containers (make integration), the soak behind `soak`, the load behind `load`.
 test: lint monitoring
 	$(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run 'TestMemory|TestLargeBodies|TestMonitoring' ./integration/
@@ -89,7 +89,7 @@ fuzz:
 
 # The testcontainers tests against a real APISIX image (needs a Docker engine).
 integration:
-	$(GO) test -tags containers -count=1 -v -run 'Container' ./integration/
+	cd integration/containers && $(GO) test -count=1 -v -run 'Container' ./...
 
 docker:
 	docker build --build-arg VERSION=$(VERSION) -t confshim:$(VERSION) .

@@ -1,6 +1,6 @@
-//go:build containers
-
-package integration
+// Package containers holds the tests against a real apache/apisix image, in a module of
+// its own (testcontainers-go and its dependencies stay out of confshim's module graph).
+package containers
 
 import (
 	"context"
@@ -26,8 +26,8 @@ import (
 
 // These tests start the real apache/apisix image in API-driven standalone mode and put
 // confshim (in-process) in front of its Admin API. They run with `make integration` on
-// a machine with Docker (build tag containers, so `go test ./...` never builds them)
-// and skip, with one line saying why, where there is none.
+// a machine with Docker (a module of its own, so the main module's `go test ./...` never
+// builds them) and skip, with one line saying why, where there is none.
 // CONFSHIM_APISIX_IMAGE picks the image (default a 3.17 Debian tag).
 
 const apisixConfig = `apisix:
@@ -166,4 +166,52 @@ func TestContainerLeaderChange(t *testing.T) {
 	waitForGateway(t, a.gateway, "/b1", "hello b1")
 	mustLand(t, sync1(t, leader, gatewayConfig("a2")))
 	waitForGateway(t, a.gateway, "/a2", "hello a2")
+}
+
+const adminKey = "test-admin-key"
+
+func sync1(t testing.TB, c *adcclient.Client, cfg adcclient.Config) *adcclient.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := c.Sync(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func mustLand(t testing.TB, res *adcclient.Result) {
+	t.Helper()
+	if res.Status/100 != 2 {
+		t.Fatalf("sync did not land: %d %s", res.Status, res.Body)
+	}
+}
+
+// adminPut writes straight to a data plane's Admin API and expects 202.
+func adminPut(t testing.TB, admin, body, digest string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPut, admin+"/apisix/admin/configs", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-KEY", adminKey)
+	req.Header.Set("X-Digest", digest)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("out-of-band PUT: %d", resp.StatusCode)
+	}
+}
+
+func mustContain(t testing.TB, s, sub string) {
+	t.Helper()
+	if !strings.Contains(s, sub) {
+		t.Fatalf("%q does not contain %q", s, sub)
+	}
 }
