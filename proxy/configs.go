@@ -19,8 +19,6 @@ type BadStateError struct{ Err error }
 
 func (e BadStateError) Error() string { return e.Err.Error() }
 
-const conflictMessage = "_conf_version must be greater than or equal to"
-
 // putRequest is one configs PUT on its way through confshim: what the caller sent, what
 // was decided on it, and the buffers to give back. Its methods are the steps of
 // putConfigs, in order.
@@ -249,7 +247,7 @@ func (pr *putRequest) forward() *answer {
 			p.upstreamFailed(pr.w, pr.r, err, "PUT "+ConfigsPath)
 			return nil
 		}
-		if isConflict(ans) {
+		if apisix.IsConflict(ans) {
 			p.dp.Doubt() // something wrote in between: never trust the cache again
 			if res != nil && !conflictRetried {
 				conflictRetried = true

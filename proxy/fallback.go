@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,19 +50,6 @@ func ParseFallbackAnswer(s string) (FallbackAnswer, error) {
 // maxPrefixRounds bounds the rounds on 3.13/3.14, one held item per round.
 const maxPrefixRounds = 8
 
-var prefixMessage = regexp.MustCompile(`^invalid (\S+) at index (\d+), err: `)
-
-// itemLevel: a 400 about an item, not about the request or a version.
-func itemLevel(body []byte) bool {
-	msg := errorMessage(body)
-	switch {
-	case msg == "", msg == "missing digest header", strings.HasPrefix(msg, "invalid request body"),
-		strings.Contains(msg, "_conf_version must be"):
-		return false
-	}
-	return true
-}
-
 // fallbackResult is the corrected PUT that APISIX accepted.
 type fallbackResult struct {
 	ans      *apisix.Answer
@@ -81,7 +67,7 @@ type fallbackResult struct {
 // no answer, so whether APISIX applied it is unknown.
 func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody []byte) (fb *fallbackResult, lost error) {
 	p := pr.p
-	if !p.cfg.Fallback || res == nil || pr.prepared == nil || !pr.prepared.IsJSON() || !itemLevel(respBody) {
+	if !p.cfg.Fallback || res == nil || pr.prepared == nil || !pr.prepared.IsJSON() || !apisix.ItemLevel(respBody) {
 		return nil, nil
 	}
 	ctx, cancel := pr.budgeted()
@@ -141,7 +127,7 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 			}
 			return nil, err
 		}
-		if isConflict(r2) {
+		if apisix.IsConflict(r2) {
 			// the belief the sync was decided on is stale (APISIX ≥ 3.15 checks items
 			// before versions, so an out-of-band write shows only now): decide again
 			p.m.FallbackPut(metrics.FallbackRejected)
@@ -155,7 +141,7 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 			p.m.FallbackPut(metrics.FallbackApplied)
 			return &fallbackResult{ans: r2, out: next, prepared: prepared, held: held, plan: plan, accepted: accepted}, nil
 		}
-		if r2.Status != http.StatusBadRequest || p.api.HasValidate() || !itemLevel(r2.Body) {
+		if r2.Status != http.StatusBadRequest || p.api.HasValidate() || !apisix.ItemLevel(r2.Body) {
 			p.m.FallbackPut(metrics.FallbackRejected)
 			p.log.Info().Str("event", "fallback").Str("result", "rejected").Int("status", r2.Status).Str("error", errorMessage(r2.Body)).
 				Msg("APISIX rejected the corrected PUT too; its first answer goes to the client")
@@ -175,12 +161,11 @@ func (pr *putRequest) rejections(ctx context.Context, round int, plan *rewrite.P
 		}
 		return pr.validateItems(ctx, plan)
 	}
-	m := prefixMessage.FindStringSubmatch(errorMessage(respBody))
-	if m == nil || round >= maxPrefixRounds {
+	r, ok := apisix.PutRejection(respBody)
+	if !ok || round >= maxPrefixRounds {
 		return nil, false
 	}
-	i, _ := strconv.Atoi(m[2])
-	return []rewrite.Rejection{{Section: m[1], Index: i, Error: strings.TrimPrefix(errorMessage(respBody), m[0])}}, true
+	return []rewrite.Rejection{{Section: r.Section, Index: r.Index, Error: r.Error}}, true
 }
 
 // refuseCopies asks the data plane (validate, 3.15+) whether it takes the accepted
@@ -275,11 +260,6 @@ func (staleBelief) Error() string {
 	return "the data plane's state moved under the sync; deciding again"
 }
 
-// isConflict: APISIX refused a PUT for a version below the one it holds.
-func isConflict(a *apisix.Answer) bool {
-	return a.Status == http.StatusBadRequest && bytes.Contains(a.Body, []byte(conflictMessage))
-}
-
 // unavailable counts and logs a fallback that could not go on: the client gets the last
 // complete answer confshim has.
 func (pr *putRequest) unavailable(why string, err error) {
@@ -356,7 +336,8 @@ func (pr *putRequest) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found
 	var held []dataplane.Held
 	for _, h := range plan.Hold(found, accepted) {
 		item := dataplane.Held{Section: h.Section, ID: h.ID, Error: clipString(h.Error, maxDebugMessage), Since: now, Backfilled: h.Backfilled,
-			Sum: pr.p.rw.ItemFingerprint(h.Raw), Raw: h.Raw, Server: pr.p.api.Server()}
+			DependsOnState: apisix.StateDependent(h.Error),
+			Sum:            pr.p.rw.ItemFingerprint(h.Raw), Raw: h.Raw, Server: pr.p.api.Server()}
 		prev, seen := pr.p.dp.HeldItem(h.Section, h.ID)
 		if seen && prev.Sum == item.Sum {
 			item.Since = prev.Since // said when it was first held back
@@ -435,7 +416,7 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 	stateDependent := false
 	for _, h := range p.dp.HeldBack() {
 		sections[h.Section] = true
-		stateDependent = stateDependent || h.StateDependent()
+		stateDependent = stateDependent || h.DependsOnState
 	}
 	// The same client bytes of every held section as in the last sync, on the same
 	// APISIX, nothing to validate again: the last correction serves as it is.
@@ -452,7 +433,7 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 			if !ok || it.ID == "" || h.Server != p.api.Server() || h.Sum != p.rw.ItemFingerprint(it.Raw) {
 				continue // changed, or another APISIX: it goes and APISIX judges it
 			}
-			if h.StateDependent() && pr.passes(ctx, section, it.Raw) {
+			if h.DependsOnState && pr.passes(ctx, section, it.Raw) {
 				continue // the conflict is gone: it lands now
 			}
 			found = append(found, rewrite.Rejection{Section: section, Index: i, Error: h.Error})
@@ -515,7 +496,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) (*fall
 	p := pr.p
 	var waiting []dataplane.Held
 	for _, h := range fb.held {
-		if h.StateDependent() {
+		if h.DependsOnState {
 			waiting = append(waiting, h)
 		}
 	}
@@ -599,7 +580,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) (*fall
 		pr.unavailable("the second PUT got no answer", err)
 		return nil, nil
 	}
-	if isConflict(r2) {
+	if apisix.IsConflict(r2) {
 		return nil, staleBelief{landed: true}
 	}
 	if r2.Status/100 != 2 {

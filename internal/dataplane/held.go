@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"bytes"
-	"strings"
 	"time"
 
 	"github.com/confshim/confshim/rewrite"
@@ -22,13 +21,10 @@ type Held struct {
 	Sum         uint64 // the client's item's content (§8.1's identity): the same content is held again
 	Raw         []byte // the client's item (state-dependent ones are validated again)
 	Server      string // APISIX's version when it rejected the item
-}
-
-// StateDependent: rejected for what the data plane holds (a plugin another global rule
-// uses, a key another consumer holds), not for what the item is.
-func (h Held) StateDependent() bool {
-	return strings.Contains(h.Error, "already exists in global rule") || strings.Contains(h.Error, " found with consumer: ") ||
-		strings.Contains(h.Error, " found with credential: ")
+	// DependsOnState: rejected for what the data plane holds (a plugin another global
+	// rule uses, a key another consumer holds), not for what the item is (as
+	// apisix.StateDependent reads APISIX's message)
+	DependsOnState bool
 }
 
 // Correction is the last correction made before a PUT: per held section, the hash of the

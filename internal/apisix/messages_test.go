@@ -1,0 +1,48 @@
+package apisix
+
+import (
+	"net/http"
+	"testing"
+)
+
+// TestMessages reads APISIX's own messages (the captures in testdata/apisix-wire, the
+// spec's §2 and §4.1.3).
+func TestMessages(t *testing.T) {
+	for _, tc := range []struct {
+		name                           string
+		body                           string
+		conflict, item, stateDependent bool
+		prefixed                       *Rejection
+	}{
+		{name: "stale version (3.17 capture)", body: `{"error_msg":"secrets_conf_version must be greater than or equal to (1)"}`, conflict: true},
+		{name: "unknown plugin (3.17 capture)", body: `{"error_msg":"unknown plugin [no-such-plugin]"}`, item: true},
+		{name: "missing digest", body: `{"error_msg":"missing digest header"}`},
+		{name: "unreadable body", body: `{"error_msg":"invalid request body: Expected value but found invalid token at character 1"}`},
+		{name: "not APISIX's JSON", body: `<html>400</html>`},
+		{name: "3.14 names the item", body: `{"error_msg":"invalid routes at index 3, err: unknown plugin [nope]"}`, item: true,
+			prefixed: &Rejection{Section: "routes", Index: 3, Error: "unknown plugin [nope]"}},
+		{name: "a plugin another global rule uses (3.17)", body: `{"error_msg":"plugin 'prometheus' already exists in global rule with id '1'"}`, item: true, stateDependent: true},
+		{name: "a key another consumer holds (3.18)", body: `{"error_msg":"duplicate key of plugin key-auth found with consumer: team-b"}`, item: true, stateDependent: true},
+		{name: "a key a credential holds (3.18)", body: `{"error_msg":"duplicate key of plugin key-auth found with credential: jack/credentials/c1 of consumer: jack"}`, item: true, stateDependent: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &Answer{Status: http.StatusBadRequest, Body: []byte(tc.body)}
+			if got := IsConflict(a); got != tc.conflict {
+				t.Errorf("IsConflict = %v", got)
+			}
+			if got := ItemLevel(a.Body); got != tc.item {
+				t.Errorf("ItemLevel = %v", got)
+			}
+			if got := StateDependent(ErrorMessage(a.Body)); got != tc.stateDependent {
+				t.Errorf("StateDependent = %v", got)
+			}
+			r, ok := PutRejection(a.Body)
+			if (tc.prefixed != nil) != ok || (ok && r != *tc.prefixed) {
+				t.Errorf("PutRejection = %+v %v", r, ok)
+			}
+		})
+	}
+	if IsConflict(&Answer{Status: http.StatusAccepted, Body: []byte("_conf_version must be greater than or equal to")}) {
+		t.Error("a 202 is never a conflict")
+	}
+}
