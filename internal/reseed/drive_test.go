@@ -75,6 +75,7 @@ type driven struct {
 	srv    *apisixtest.Server
 	clock  *fakeClock
 	ticks  chan time.Time
+	done   chan struct{}
 	host   *host
 	belief *dataplane.Belief
 	m      *metrics.Metrics
@@ -100,22 +101,31 @@ func drive(t *testing.T, interval, safety, lookCost time.Duration) *driven {
 		t.Fatal(err)
 	}
 	b, _ := dataplane.New(dataplane.Options{Keep: true})
-	d := &driven{srv: srv, clock: clock, ticks: make(chan time.Time), host: &host{api: api}, belief: b,
+	d := &driven{srv: srv, clock: clock, ticks: make(chan time.Time), done: make(chan struct{}), host: &host{api: api}, belief: b,
 		m: metrics.New(prometheus.NewRegistry(), "test")}
 	w := New(Config{Interval: interval, SafetyInterval: safety, AdminKey: key, API: api, Belief: b, Metrics: d.m,
-		Log: zerolog.Nop(), Host: d.host, Ticks: d.ticks, Now: clock.Now})
+		Log: zerolog.Nop(), Host: d.host, Ticks: d.ticks, Now: clock.Now, TickDone: func() { d.done <- struct{}{} }})
 	ctx, cancel := context.WithCancel(context.Background())
 	w.Start(ctx)
-	t.Cleanup(func() { cancel(); w.Wait() })
+	t.Cleanup(func() {
+		cancel()
+		go func() { // a tick handled after the test stopped waiting
+			for range d.done {
+			}
+		}()
+		w.Wait()
+		close(d.done)
+	})
 	return d
 }
 
-// tick moves the clock one interval and hands the watch a tick; the send returns once
-// the watch took it, so after n+1 ticks n have been handled whole.
+// tick moves the clock one interval, hands the watch a tick and waits until it has
+// handled it, n times: the clock never moves while the watch looks at it.
 func (d *driven) tick(interval time.Duration, n int) {
 	for range n {
 		d.clock.advance(interval)
 		d.ticks <- d.clock.Now()
+		<-d.done
 	}
 }
 

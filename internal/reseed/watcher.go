@@ -77,6 +77,9 @@ type Config struct {
 	// the machine is.
 	Ticks <-chan time.Time
 	Now   func() time.Time
+	// TickDone, when set, is told each time the watch has handled a tick (tests wait
+	// for it before they move the clock again).
+	TickDone func()
 }
 
 // Watcher is the watch. Its credentials are guarded by the belief's PUT lock.
@@ -140,49 +143,64 @@ func (w *Watcher) run(ctx context.Context) {
 		defer t.Stop()
 		ticks = t.C
 	}
-	b, api, now := w.cfg.Belief, w.cfg.API, w.cfg.Now
-	suspect := true // nothing is known at start
-	var lastServer string
-	var lastCheck time.Time
-	var lookCost time.Duration // what the last look cost (its latency)
+	st := watchState{suspect: true} // nothing is known at start
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticks:
 		}
-		if !b.TryLock() {
-			continue // a PUT is in flight on the decide connection: it tells what a ping would
+		keepOn := w.tick(ctx, &st)
+		if w.cfg.TickDone != nil {
+			w.cfg.TickDone()
 		}
-		dials, _ := api.UnexpectedDials()
-		server, err := api.Ping(ctx, w.cfg.AdminKey)
-		n, counted := api.UnexpectedDials() // a connection APISIX said it closes is no sign
-		redialed := counted && n != dials
-		if err != nil || redialed || server != lastServer {
-			b.Distrust() // down, a new connection, or another APISIX answering
-		}
-		b.Unlock()
-		if err != nil {
-			suspect = true // unreachable or reset: it may come back empty
-			w.cfg.Log.Debug().Str("event", "watch").Str("error", apisix.SafeError(err)).Msg("the data plane did not answer the ping")
-			continue
-		}
-		if redialed || server != lastServer {
-			suspect = true // a new connection, or another APISIX answering
-		}
-		lastServer = server
-		if !suspect && !b.RefreshDue() && now().Sub(lastCheck) < w.LookInterval(lookCost) {
-			continue
-		}
-		w.cfg.Log.Debug().Str("event", "watch").Bool("suspect", suspect).Msg("looking at the data plane's configuration")
-		looked, cost, ok := w.look(ctx)
-		if !ok {
+		if !keepOn {
 			return
 		}
-		if looked {
-			suspect, lastCheck, lookCost = false, now(), cost
-		}
 	}
+}
+
+// watchState is what the watch carries from one tick to the next.
+type watchState struct {
+	suspect    bool          // something suggests the data plane changed: look
+	lastServer string        // the Server header the last ping saw
+	lastCheck  time.Time     // when the watch last looked
+	lookCost   time.Duration // what the last look cost (its latency)
+}
+
+// tick pings the data plane and looks at its configuration when something suggests it
+// changed, or as the budget allows; false when the watch cannot work here (3.13).
+func (w *Watcher) tick(ctx context.Context, st *watchState) bool {
+	b, api, now := w.cfg.Belief, w.cfg.API, w.cfg.Now
+	if !b.TryLock() {
+		return true // a PUT is in flight on the decide connection: it tells what a ping would
+	}
+	dials, _ := api.UnexpectedDials()
+	server, err := api.Ping(ctx, w.cfg.AdminKey)
+	n, counted := api.UnexpectedDials() // a connection APISIX said it closes is no sign
+	redialed := counted && n != dials
+	if err != nil || redialed || server != st.lastServer {
+		b.Distrust() // down, a new connection, or another APISIX answering
+	}
+	b.Unlock()
+	if err != nil {
+		st.suspect = true // unreachable or reset: it may come back empty
+		w.cfg.Log.Debug().Str("event", "watch").Str("error", apisix.SafeError(err)).Msg("the data plane did not answer the ping")
+		return true
+	}
+	if redialed || server != st.lastServer {
+		st.suspect = true // a new connection, or another APISIX answering
+	}
+	st.lastServer = server
+	if !st.suspect && !b.RefreshDue() && now().Sub(st.lastCheck) < w.LookInterval(st.lookCost) {
+		return true
+	}
+	w.cfg.Log.Debug().Str("event", "watch").Bool("suspect", st.suspect).Msg("looking at the data plane's configuration")
+	looked, cost, ok := w.look(ctx)
+	if looked {
+		st.suspect, st.lastCheck, st.lookCost = false, now(), cost
+	}
+	return ok
 }
 
 // look is the watch's look at the configuration (a configs HEAD, which costs APISIX a
