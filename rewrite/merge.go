@@ -285,7 +285,8 @@ func allOwned(items []arrayItem, owned []string) bool {
 }
 
 // decideMerged is decideSection for a --merge section.
-func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher, res *Result) (o outcome, change Change, changed bool, err error) {
+func (d *decision) decideMerged(section string, sl slots) (o outcome, change Change, changed bool, err error) {
+	rw, p, e, in, h, res := d.rw, d.p, d.e, d.in, d.h, d.res
 	vi, ii := sl.version, sl.items
 	o, change, vR, present, err := sectionStart(section, vi, p, in)
 	if err != nil {
@@ -315,7 +316,7 @@ func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits
 		return o, change, false, ErrStateIncomplete
 	}
 	if p.yaml {
-		return rw.decideMergedYAML(section, sl, p, e, in, h, res, owned, knows)
+		return d.decideMergedYAML(section, sl, owned, knows)
 	}
 	ownedNow := owned // nil without a memory of ownership: nothing is deleted
 	if !knows {
@@ -339,7 +340,7 @@ func (rw *Rewriter) decideMerged(section string, sl slots, p *Prepared, e *edits
 		}
 		return o, change, changed, nil
 	}
-	return rw.applyUnion(section, o, change, vi, ii, vR, present, vS, merged, kept, e, &p.obj, in, res)
+	return d.applyUnion(unionPlan{section: section, o: o, change: change, vi: vi, ii: ii, vR: vR, present: present, vS: vS, merged: merged, kept: kept})
 }
 
 // keepVersion is the decision to keep the data plane's copy of a section at its
@@ -359,24 +360,39 @@ func keepVersion(change *Change, present bool, vR, vS float64) bool {
 // decideMergedYAML: YAML items are never read (§5.6). While the data plane holds only
 // items the client owns there is nothing to keep: the client's copy goes as for a
 // managed section. Otherwise the union would have to be written into the client's YAML.
-func (rw *Rewriter) decideMergedYAML(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher, res *Result, owned []string, knows bool) (outcome, Change, bool, error) {
-	theirs, err := splitItems(section, in.State.Items[section])
+func (d *decision) decideMergedYAML(section string, sl slots, owned []string, knows bool) (outcome, Change, bool, error) {
+	theirs, err := splitItems(section, d.in.State.Items[section])
 	if err == nil && knows && allOwned(theirs, owned) {
-		res.owned[section] = owned
-		return rw.decideSection(section, sl, p, e, in, h, res)
+		d.res.owned[section] = owned
+		return d.decideSection(section, sl)
 	}
 	return outcome{}, Change{}, false, &RefuseError{Reason: fmt.Sprintf("YAML body: %s is merged (--merge) and the data plane holds items the client may not own; confshim writes a merged section in JSON only: send this configuration as JSON", clip(section))}
+}
+
+// unionPlan is a merged section whose union differs from the data plane's copy: the
+// section's decision so far and the union to send.
+type unionPlan struct {
+	section string
+	o       outcome
+	change  Change
+	vi, ii  int
+	vR, vS  float64
+	present bool
+	merged  []byte
+	kept    int
 }
 
 // applyUnion sends a merged union that differs from the data plane's copy: at the
 // client's version when it is above vS, else bumped; with the union's items in place
 // of the client's when items were kept (merged).
-func (rw *Rewriter) applyUnion(section string, o outcome, change Change, vi, ii int, vR float64, present bool, vS float64, merged []byte, kept int, e *edits, obj *object, in Input, res *Result) (outcome, Change, bool, error) {
+func (d *decision) applyUnion(u unionPlan) (outcome, Change, bool, error) {
+	section, o, change, vi, ii, vR, present, vS, merged, kept := u.section, u.o, u.change, u.vi, u.ii, u.vR, u.present, u.vS, u.merged, u.kept
+	e, obj, in, res := d.e, &d.p.obj, d.in, d.res
 	var next float64
 	switch {
 	case present && vR > vS && storable(vR) > vS && kept == 0 && in.Unread:
 		// the client's own copy at its own version: stamped as a managed section is
-		o.applied = stampClientVersion(section, vi, storable(vR), vS, in, e, obj, res)
+		o.applied = d.stampClientVersion(section, vi, storable(vR), vS)
 		return o, change, false, nil
 	case present && vR > vS && storable(vR) > vS:
 		next = storable(vR)
@@ -387,7 +403,7 @@ func (rw *Rewriter) applyUnion(section string, o outcome, change Change, vi, ii 
 		}
 	default:
 		var ok bool
-		if next, ok = bumpVersion(vS, in, res); !ok {
+		if next, ok = d.bumpVersion(vS); !ok {
 			return o, change, false, unstorable(section, vS)
 		}
 	}

@@ -176,6 +176,7 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 	sections := rw.sections(&p.obj, in.State)
 	aliased := p.obj.aliasedMembers() // YAML: members whose anchors others refer to
 	res.sections = make([]outcome, 0, len(sections))
+	d := &decision{rw: rw, p: p, e: &e, in: in, h: &h, res: res}
 	for _, ref := range sections {
 		section, sl := ref.name, ref.slots
 		var o outcome
@@ -183,9 +184,9 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 		var changed bool
 		var err error
 		if rw.merge[section] {
-			o, change, changed, err = rw.decideMerged(section, sl, p, &e, in, &h, res)
+			o, change, changed, err = d.decideMerged(section, sl)
 		} else {
-			o, change, changed, err = rw.decideSection(section, sl, p, &e, in, &h, res)
+			o, change, changed, err = d.decideSection(section, sl)
 		}
 		if err != nil {
 			return nil, err
@@ -227,6 +228,17 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 	return res, nil
 }
 
+// decision is one Decide call: the prepared body and its edits, the input, the hasher
+// and the result being built. Each section's decision is a method of it.
+type decision struct {
+	rw  *Rewriter
+	p   *Prepared
+	e   *edits
+	in  Input
+	h   *semHasher
+	res *Result
+}
+
 type sectionRef struct {
 	name string
 	slots
@@ -261,7 +273,8 @@ func (rw *Rewriter) sections(obj *object, st *State) []sectionRef {
 
 // decideSection handles one section: contract §5.1 and §8.1 for managed sections,
 // §5.3 for preserved ones.
-func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edits, in Input, h *semHasher, res *Result) (o outcome, change Change, changed bool, err error) {
+func (d *decision) decideSection(section string, sl slots) (o outcome, change Change, changed bool, err error) {
+	rw, p, e, in := d.rw, d.p, d.e, d.in
 	obj := &p.obj
 	vi, ii := sl.version, sl.items
 	o, change, vR, present, err := sectionStart(section, vi, p, in)
@@ -304,10 +317,10 @@ func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edit
 	}
 	if !present {
 		o.applied = storable(vS + 1)
-		o.fp, o.fpKnown = rw.fingerprint(p, section, items, h)
+		o.fp, o.fpKnown = rw.fingerprint(p, section, items, d.h)
 		return o, change, false, nil
 	}
-	eq, fp, fpKnown, err := rw.equal(section, items, o.sum, vS, p, in, h)
+	eq, fp, fpKnown, err := d.equal(section, items, o.sum, vS)
 	if err != nil {
 		return o, change, false, err
 	}
@@ -316,12 +329,12 @@ func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edit
 	case vR > vS && !eq && storable(vR) > vS:
 		o.applied = storable(vR)
 		if in.Unread {
-			o.applied = stampClientVersion(section, vi, storable(vR), vS, in, e, obj, res)
+			o.applied = d.stampClientVersion(section, vi, storable(vR), vS)
 		}
 		return o, change, false, nil
 	case vR > vS && !eq:
 		// a version APISIX would store as vS again: the change would never be served
-		next, ok := bumpVersion(vS, in, res)
+		next, ok := d.bumpVersion(vS)
 		if !ok {
 			return o, change, false, unstorable(section, vS)
 		}
@@ -334,7 +347,7 @@ func (rw *Rewriter) decideSection(section string, sl slots, p *Prepared, e *edit
 	case eq:
 		change.Action, change.To = Raised, vS
 	default:
-		next, ok := bumpVersion(vS, in, res)
+		next, ok := d.bumpVersion(vS)
 		if !ok {
 			return o, change, false, unstorable(section, vS)
 		}
@@ -374,7 +387,8 @@ func (rw *Rewriter) itemsOf(p *Prepared, ii int) ([]byte, uint64) {
 // The record answers cheaply when it describes the data plane's current version: the
 // same bytes, or the same fingerprint (ADC re-stamps modifiedIndex, which is not
 // content). Otherwise the items are compared with the data plane's.
-func (rw *Rewriter) equal(section string, items []byte, sum uint64, vS float64, p *Prepared, in Input, h *semHasher) (eq bool, fp uint64, fpKnown bool, err error) {
+func (d *decision) equal(section string, items []byte, sum uint64, vS float64) (eq bool, fp uint64, fpKnown bool, err error) {
+	p, in, h := d.p, d.in, d.h
 	e, ok := in.Record.entry(section)
 	if ok && e.version == vS && e.sum == sum {
 		return true, e.fp, e.fpKnown, nil
@@ -484,15 +498,15 @@ func nextStorable(v float64) (float64, bool) {
 // (ADC) or the last version plus one (a hand-made PUT), so the clock's number is one
 // nobody else picks; vS+1 itself — a clock behind vS — is, and a decision taken
 // unread on it is then Unsure.
-func bumpVersion(vS float64, in Input, res *Result) (float64, bool) {
+func (d *decision) bumpVersion(vS float64) (float64, bool) {
 	next, ok := nextStorable(vS)
 	if !ok {
 		return 0, false
 	}
-	if now := storable(in.Now); now >= next && now < maxVersion {
+	if now := storable(d.in.Now); now >= next && now < maxVersion {
 		return now, true
 	}
-	res.unsure = true
+	d.res.unsure = true
 	return next, true
 }
 
@@ -502,16 +516,16 @@ func bumpVersion(vS float64, in Input, res *Result) (float64, bool) {
 // otherwise vR, and the result is Unsure when vR is vS+1, the number a hand-made PUT
 // would have picked (ADC clamps its version to the last one plus one when its clock is
 // behind).
-func stampClientVersion(section string, vi int, vR, vS float64, in Input, e *edits, obj *object, res *Result) float64 {
-	now := storable(in.Now)
+func (d *decision) stampClientVersion(section string, vi int, vR, vS float64) float64 {
+	now := storable(d.in.Now)
 	if now <= vR || now >= maxVersion {
-		if next, _ := nextStorable(vS); next == vR || in.Now == 0 {
-			res.unsure = true
+		if next, _ := nextStorable(vS); next == vR || d.in.Now == 0 {
+			d.res.unsure = true
 		}
 		return vR
 	}
-	e.setVersion(obj, vi, section, now)
-	res.stamped = append(res.stamped, Change{Section: section, From: vR, To: now})
+	d.e.setVersion(&d.p.obj, vi, section, now)
+	d.res.stamped = append(d.res.stamped, Change{Section: section, From: vR, To: now})
 	return now
 }
 

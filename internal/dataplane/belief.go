@@ -300,7 +300,7 @@ func (b *Belief) keepAfter(o Outcome) {
 	case o.Res == nil || o.Prepared == nil:
 		b.forgetKept() // an untouched body landed: the watch reads it back
 	default:
-		next := derive(b.kept, b.state, b.digest, b.lastModify, b.owned, o.Res, o.Prepared, o.Digest, o.LastModified)
+		next := b.derive(o)
 		if next == nil {
 			b.forgetKept()
 			return

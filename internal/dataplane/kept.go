@@ -39,11 +39,12 @@ func KeptFromState(st *rewrite.State, digest, lastModified string, owned rewrite
 	return k
 }
 
-// derive is the kept configuration after APISIX accepted (202) a PUT decided as res on
-// the state st (digest, lastModified), with prev the one kept before; nil when it
-// cannot be derived (the watch then reads it back).
-func derive(prev *Kept, st *rewrite.State, digest, lastModified string, owned rewrite.Ownership,
-	res *rewrite.Result, prepared *rewrite.Prepared, newDigest, newLastModified string) *Kept {
+// derive is the kept configuration after APISIX accepted (202) the PUT of o, decided on
+// the state the belief holds, with the one kept before; nil when it cannot be derived
+// (the watch then reads it back).
+func (b *Belief) derive(o Outcome) *Kept {
+	prev, st, digest, lastModified, owned := b.kept, b.state, b.digest, b.lastModify, b.owned
+	res, prepared, newDigest, newLastModified := o.Res, o.Prepared, o.Digest, o.LastModified
 	// A version number is not content identity: the earlier kept copy of a section
 	// stands for what the data plane holds only if it describes the very state this
 	// PUT was decided on (after a restart, another writer may hold other content at
