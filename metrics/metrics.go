@@ -3,8 +3,8 @@
 package metrics
 
 import (
+	"github.com/confshim/confshim/internal/sections"
 	"runtime"
-	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -207,11 +207,11 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	for _, r := range FallbackResults {
 		m.FallbackPuts.WithLabelValues(string(r))
 	}
-	for _, s := range SectionLabels {
+	for _, s := range SectionLabels() {
 		m.HeldBackItems.WithLabelValues(s)
 		m.OutOfBandWrites.WithLabelValues(s)
 	}
-	for _, s := range append(slices.Clone(SectionLabels), "other") {
+	for _, s := range append(SectionLabels(), "other") {
 		for _, a := range ActionLabels {
 			m.SectionRewrites.WithLabelValues(s, a)
 		}
@@ -230,22 +230,16 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	return m
 }
 
-// SectionLabels are APISIX's resource sections (apisix/constants.lua), the values a
-// section label takes besides "other"; ActionLabels are the header words a rewrite
-// reports. metrics imports nothing of confshim's (the APISIX client counts with it), so
-// they are written here; a test holds them equal to the rewrite package's.
-var (
-	SectionLabels = []string{
-		"routes", "services", "upstreams", "consumers", "consumer_groups", "ssls",
-		"global_rules", "plugin_configs", "plugin_metadata", "protos", "secrets",
-		"stream_routes", "plugins",
-	}
-	ActionLabels = []string{"raised", "bumped", "preserved", "settled", "merged", "backfilled"}
-)
+// ActionLabels are the header words a rewrite reports; a test holds them equal to the
+// rewrite package's. The section labels are the table of sections' (internal/sections).
+var ActionLabels = []string{"raised", "bumped", "preserved", "settled", "merged", "backfilled"}
+
+// SectionLabels are the values a section label takes besides "other": the known sections.
+func SectionLabels() []string { return sections.Names() }
 
 // SectionLabel bounds the section label to APISIX's known sections plus "other".
 func SectionLabel(section string) string {
-	if slices.Contains(SectionLabels, section) {
+	if sections.Known(section) {
 		return section
 	}
 	return "other"

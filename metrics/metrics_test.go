@@ -51,8 +51,8 @@ func TestNewRegistersEverything(t *testing.T) {
 // TestLabelsFollowTheRewrite: the label values metrics pre-creates are the rewrite's
 // sections and words, in its order.
 func TestLabelsFollowTheRewrite(t *testing.T) {
-	if !slices.Equal(SectionLabels, rewrite.KnownSections) {
-		t.Fatalf("SectionLabels %v, rewrite.KnownSections %v", SectionLabels, rewrite.KnownSections)
+	if !slices.Equal(SectionLabels(), rewrite.KnownSections) {
+		t.Fatalf("SectionLabels %v, rewrite.KnownSections %v", SectionLabels(), rewrite.KnownSections)
 	}
 	var actions []string
 	for _, a := range rewrite.AllActions {

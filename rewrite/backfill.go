@@ -3,6 +3,7 @@ package rewrite
 import (
 	"errors"
 	"fmt"
+	"github.com/confshim/confshim/internal/sections"
 	"slices"
 	"strings"
 )
@@ -130,27 +131,24 @@ func (s *Splice) applyTo(body []byte, obj *object) ([]byte, error) {
 // Reference is an item's reference by id to an item of another section.
 type Reference struct{ Section, ID string }
 
-// referenceFields are the references APISIX resolves by id (not checked on a PUT).
-var referenceFields = []struct{ field, section string }{
-	{"service_id", "services"}, {"upstream_id", "upstreams"}, {"plugin_config_id", "plugin_configs"}, {"group_id", "consumer_groups"},
-}
-
 // References lists an item's references by id, by a scan of its top-level members (no
 // decode: a fallback looks at every item of the PUT). A field given twice counts as
 // lua-cjson reads it: the last one.
 func References(item []byte) []Reference {
-	found := make([][]byte, len(referenceFields))
+	// the reference fields APISIX resolves by id (not checked on a PUT), from the table
+	// of sections
+	found := make([][]byte, len(sections.Table))
 	eachMember(item, func(name string, value []byte) {
-		for i, f := range referenceFields {
-			if name == f.field {
+		for i, s := range sections.Table {
+			if s.ReferencedBy != "" && name == s.ReferencedBy {
 				found[i] = value
 			}
 		}
 	})
 	var out []Reference
-	for i, f := range referenceFields {
+	for i, s := range sections.Table {
 		if id := idText(found[i]); id != "" {
-			out = append(out, Reference{Section: f.section, ID: id})
+			out = append(out, Reference{Section: s.Name, ID: id})
 		}
 	}
 	return out

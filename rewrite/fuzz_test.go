@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"github.com/confshim/confshim/internal/sections"
 	"os"
 	"path/filepath"
 	"testing"
@@ -191,9 +192,9 @@ func FuzzReferences(f *testing.F) {
 			return // References reads items of a body the scan validated: JSON objects
 		}
 		var want []Reference
-		for _, rf := range referenceFields {
-			if id := idText(fields[rf.field]); id != "" {
-				want = append(want, Reference{Section: rf.section, ID: id})
+		for _, rf := range sections.References() {
+			if id := idText(fields[rf.Field]); id != "" {
+				want = append(want, Reference{Section: rf.Section, ID: id})
 			}
 		}
 		got := References(item)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/confshim/confshim/internal/sections"
 	"slices"
 )
 
@@ -164,7 +165,7 @@ func itemID(section string, item []byte) string {
 		}
 	})
 	raw := id
-	if len(raw) == 0 && section == "consumers" {
+	if s, _ := sections.Lookup(section); len(raw) == 0 && s.ByUsername {
 		raw = username
 	}
 	return idText(raw)

@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/confshim/confshim/internal/sections"
 	"hash/maphash"
 	"math"
 	"slices"
@@ -249,7 +250,7 @@ type sectionRef struct {
 // Linear in the body's keys: a body of 70,000 version keys costs no sort and no
 // second lookup per key.
 func (rw *Rewriter) sections(obj *object, st *State) []sectionRef {
-	out := make([]sectionRef, 0, len(KnownSections)+len(st.Versions)+len(obj.idx))
+	out := make([]sectionRef, 0, len(sections.Table)+len(st.Versions)+len(obj.idx))
 	for s, sl := range obj.idx {
 		if sl.version >= 0 {
 			out = append(out, sectionRef{s, sl})
@@ -260,11 +261,11 @@ func (rw *Rewriter) sections(obj *object, st *State) []sectionRef {
 			out = append(out, sectionRef{s, sl})
 		}
 	}
-	for _, s := range KnownSections {
-		others(s)
+	for _, s := range sections.Table {
+		others(s.Name)
 	}
 	for s := range st.Versions {
-		if !slices.Contains(KnownSections, s) {
+		if !sections.Known(s) {
 			others(s)
 		}
 	}
@@ -605,7 +606,7 @@ func (p *Prepared) ItemSections() []string {
 func (p *Prepared) Sections(limit int) []string {
 	out := make([]string, 0, min(len(p.obj.idx), limit))
 	for s, sl := range p.obj.idx {
-		if sl.version >= 0 || (sl.items >= 0 && (slices.Contains(KnownSections, s))) {
+		if sl.version >= 0 || (sl.items >= 0 && sections.Known(s)) {
 			out = append(out, s)
 		}
 	}

@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/confshim/confshim/internal/sections"
 	"hash/maphash"
 	"math"
 	"math/bits"
@@ -45,17 +46,12 @@ type semHasher struct {
 	scratch []byte
 }
 
-// orderFree are the sections whose item order changes nothing APISIX serves (contract
-// §8.1): their items are compared as a set by id. In routes, stream_routes, ssls and
-// global_rules order can decide which item matches first or in which order rules run,
-// and so does any section confshim does not know.
-var orderFree = map[string]bool{
-	"upstreams": true, "services": true, "consumers": true, "consumer_groups": true,
-	"plugin_configs": true, "plugin_metadata": true, "protos": true, "secrets": true,
+// OrderFree reports whether section's items are compared as a set (§8.1, the table of
+// sections): a section confshim does not know keeps its order.
+func OrderFree(section string) bool {
+	s, _ := sections.Lookup(section)
+	return s.OrderFree
 }
-
-// OrderFree reports whether section's items are compared as a set (§8.1).
-func OrderFree(section string) bool { return orderFree[section] }
 
 // sectionFingerprint fingerprints a section value (nil: absent, which equals no
 // items). Items are combined in order, except in the order-free sections, where the
@@ -73,7 +69,7 @@ func (h *semHasher) sectionFingerprint(section string, b []byte) uint64 {
 	if b[h.i] == ']' {
 		return tagEmpty
 	}
-	free := orderFree[section]
+	free := OrderFree(section)
 	var ordered, set uint64 = tagArray, 0
 	n := uint64(1)
 	for ; ; n++ {

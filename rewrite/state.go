@@ -2,18 +2,16 @@ package rewrite
 
 import (
 	"fmt"
+	"github.com/confshim/confshim/internal/sections"
 	"math"
 	"strconv"
 	"strings"
 )
 
-// KnownSections is APISIX's resource key set (apisix/constants.lua). Sections are also
-// discovered from any <name>_conf_version key, so a future section needs no code change.
-var KnownSections = []string{
-	"routes", "services", "upstreams", "consumers", "consumer_groups", "ssls",
-	"global_rules", "plugin_configs", "plugin_metadata", "protos", "secrets",
-	"stream_routes", "plugins",
-}
+// KnownSections is APISIX's resource key set, from the one table of sections
+// (internal/sections). Sections are also discovered from any <name>_conf_version key, so
+// a future section needs no code change to be repaired.
+var KnownSections = sections.Names()
 
 // DefaultPreserve is the contract's default for --preserve: sections owned by
 // out-of-band writers, which ADC never models.
