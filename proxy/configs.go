@@ -27,6 +27,7 @@ type putRequest struct {
 	w     http.ResponseWriter
 	r     *http.Request
 	ctx   context.Context // under the lock: the request's, bounded by the PUT's deadline
+	tx    *dataplane.Tx   // the PUT lock held: the belief, read and changed
 	creds apisix.Credentials
 
 	in          rewrite.Input // the body to decide on and its digest (a correction before the PUT replaces the client's)
@@ -88,7 +89,7 @@ func (p *Proxy) putConfigs(w http.ResponseWriter, r *http.Request) {
 // makes (state reads, the PUT, a conflict's retry, the fallback's validate calls and
 // corrected PUTs) shares --upstream-timeout, so nothing here can hang longer.
 func (pr *putRequest) underLock() *answer {
-	defer pr.p.dp.Unlock()
+	defer pr.tx.Unlock()
 	ctx, cancel := context.WithTimeout(pr.r.Context(), pr.p.cfg.UpstreamTimeout)
 	defer cancel()
 	pr.ctx = ctx
@@ -198,7 +199,8 @@ func (pr *putRequest) prepare() bool {
 
 // lock serialises PUTs; the body was read first so a slow client cannot hold the lock.
 func (pr *putRequest) lock() bool {
-	if pr.p.dp.Lock(pr.r.Context()) {
+	if tx, ok := pr.p.dp.Lock(pr.r.Context()); ok {
+		pr.tx = tx
 		return true
 	}
 	pr.p.m.ClientDisconnects.Inc()
@@ -229,7 +231,7 @@ func (pr *putRequest) forward() *answer {
 		if pr.untouched != "" {
 			p.m.Untouch(pr.untouched)
 		}
-		out := p.outgoing(pr.in, res)
+		out := p.outgoing(pr.in, res, pr.tx.Digest())
 		if len(pr.heldBeforePut) > 0 && pr.in.HasDigest && !out.setDigest {
 			out.digest, out.setDigest = pr.in.Digest, true // the corrected body is not the client's
 		}
@@ -239,7 +241,7 @@ func (pr *putRequest) forward() *answer {
 			// likely): whatever happened to this PUT, a fresh read shows it, and the
 			// decision taken on that read is the right one either way.
 			redials++
-			p.dp.Forget() // the PUT may have landed: what the read shows is not a stranger's
+			pr.tx.Forget() // the PUT may have landed: what the read shows is not a stranger's
 			p.log.Info().Str("event", "redial").Str("error", apisix.SafeError(err)).Msg("the connection the data plane's state was read on closed; deciding again on a fresh read")
 			continue
 		}
@@ -248,7 +250,7 @@ func (pr *putRequest) forward() *answer {
 			return nil
 		}
 		if apisix.IsConflict(ans) {
-			p.dp.Doubt() // something wrote in between: never trust the cache again
+			pr.tx.Doubt() // something wrote in between: never trust the cache again
 			if res != nil && !conflictRetried {
 				conflictRetried = true
 				pr.decideAgain(staleBelief{})
@@ -267,12 +269,12 @@ func (pr *putRequest) forward() *answer {
 				continue
 			case errors.As(lost, &stale):
 				// stale twice: APISIX's first answer is the client's; what it holds is read next time
-				p.dp.Forget()
+				pr.tx.Forget()
 				fb = nil
 			case lost != nil:
 				// a corrected PUT got no answer: whether APISIX applied it is unknown,
 				// so confshim believes nothing and says so
-				p.dp.Forget()
+				pr.tx.Forget()
 				p.upstreamFailed(pr.w, pr.r, lost, "the corrected PUT of --fallback backfill (APISIX may have applied it)")
 				return nil
 			}
@@ -294,12 +296,12 @@ func (pr *putRequest) forward() *answer {
 		if ans.Status/100 == 2 && !p.cfg.SkipItemLists {
 			pr.touched = touchedItems{held: held}
 			if ans.Status != http.StatusNoContent { // a 204 took nothing from the body
-				pr.touched.before, pr.touched.fallback, pr.touched.res, pr.touched.after = p.dp.KeptState(), pr.in.State, res, prepared
+				pr.touched.before, pr.touched.fallback, pr.touched.res, pr.touched.after = pr.tx.KeptState(), pr.in.State, res, prepared
 			}
 		}
-		p.answered(pr, ans, res, prepared, out)
+		pr.answered(ans, res, prepared, out, fb, held) // the belief's one transition for this answer
 		if ans.Status/100 == 2 {
-			pr.afterAccepted(fb, held)
+			p.noteLastHeld(held)
 		}
 		a := &answer{ans: ans, actions: actionsHeader(ans, res, held)}
 		if ans.Status/100 == 2 && len(held) > 0 && p.cfg.FallbackAnswer == AnswerRejection {
@@ -315,9 +317,9 @@ func (pr *putRequest) forward() *answer {
 func (pr *putRequest) decideAgain(stale staleBelief) {
 	p := pr.p
 	if stale.landed {
-		p.dp.Forget() // a corrected PUT of this sync moved versions: nobody else's doing
+		pr.tx.Forget() // a corrected PUT of this sync moved versions: nobody else's doing
 	} else {
-		p.dp.Doubt()
+		pr.tx.Doubt()
 		pr.learnt = learntByConflict
 	}
 	p.m.ConflictRetries.Inc()
@@ -346,7 +348,7 @@ func (pr *putRequest) send(out outgoingPut, res *rewrite.Result) (*apisix.Answer
 // instead when the body goes to APISIX as it came.
 func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	p, ctx := pr.p, pr.ctx
-	st, verified, err := p.stateFor(ctx, pr.creds, fresh, pr.learnt)
+	st, verified, err := p.stateFor(ctx, pr.tx, pr.creds, fresh, pr.learnt)
 	var refused apisix.RefusedError
 	if errors.As(err, &refused) {
 		pr.untouched = metrics.UntouchedRefused // APISIX will refuse the PUT itself, in its own words
@@ -355,12 +357,12 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if p.dp.Empty(p.api.NoHead()) && p.dp.Keeps() && p.dp.Kept() != nil {
+	if pr.tx.Empty(p.api.NoHead()) && p.dp.Keeps() && pr.tx.Kept() != nil {
 		// §8.4: the client's sync beat the watch to a restarted data plane; the kept
 		// configuration (out-of-band sections too) goes back first, then this sync is
 		// decided against it
-		if p.watch.ReseedLocked(ctx, time.Now(), &pr.creds) {
-			st = p.dp.State()
+		if p.watch.ReseedLocked(ctx, pr.tx, time.Now(), &pr.creds) {
+			st = pr.tx.State()
 		}
 	}
 	if !pr.holdChecked {
@@ -377,7 +379,7 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 			}
 		}
 	}
-	pr.in.State, pr.in.Record, pr.in.Owned = st, p.dp.Record(), p.dp.Owned()
+	pr.in.State, pr.in.Record, pr.in.Owned = st, pr.tx.Record(), pr.tx.Owned()
 	pr.in.Now, pr.in.Unread = float64(time.Now().UnixMilli()), !verified
 	buf := p.getBuf()
 	pr.in.Buf = *buf
@@ -387,7 +389,7 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	if err == nil && !verified && res.Unsure() {
 		// a version decided unread that the clock did not choose could equal one a
 		// writer set meanwhile: look first
-		ok, herr := p.revalidate(ctx, pr.creds)
+		ok, herr := p.revalidate(ctx, pr.tx, pr.creds)
 		switch {
 		case herr != nil:
 			p.putBuf(buf)
@@ -399,13 +401,13 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	if errors.Is(err, rewrite.ErrStateIncomplete) && !moved {
 		// the items the decision needs are in the kept configuration when it describes
 		// the state believed (after a fallback the record forgot a corrected section)
-		if ks := p.dp.KeptState(); ks != nil {
+		if ks := pr.tx.KeptState(); ks != nil {
 			pr.in.State = ks
 			res, err = p.rw.Decide(pr.prepared, pr.in)
 		}
 	}
 	if errors.Is(err, rewrite.ErrStateIncomplete) {
-		if st, _, err = p.stateFor(ctx, pr.creds, true, pr.learnt); err != nil {
+		if st, _, err = p.stateFor(ctx, pr.tx, pr.creds, true, pr.learnt); err != nil {
 			p.putBuf(buf)
 			if errors.As(err, &refused) {
 				pr.untouched = metrics.UntouchedRefused
@@ -523,7 +525,7 @@ type outgoingPut struct {
 }
 
 // outgoing builds what to forward: the client's bytes, or the rewritten ones.
-func (p *Proxy) outgoing(in rewrite.Input, res *rewrite.Result) outgoingPut {
+func (p *Proxy) outgoing(in rewrite.Input, res *rewrite.Result, dpDigest string) outgoingPut {
 	out := outgoingPut{body: in.Body}
 	if res == nil || !res.Changed {
 		return out
@@ -531,8 +533,8 @@ func (p *Proxy) outgoing(in rewrite.Input, res *rewrite.Result) outgoingPut {
 	out.body = res.Body
 	if in.HasDigest {
 		out.digest, out.setDigest = res.Digest, true
-		if res.NoOp && p.dp.Digest() != "" {
-			out.digest, out.noop = p.dp.Digest(), true
+		if res.NoOp && dpDigest != "" {
+			out.digest, out.noop = dpDigest, true
 		}
 	}
 	return out
@@ -570,12 +572,17 @@ func (p *Proxy) count(res *rewrite.Result, out outgoingPut, ans *apisix.Answer) 
 // answered records APISIX's answer in the belief (one transition, dataplane.Answered),
 // says once per merged section that confshim had no memory of ownership, and keeps
 // the credentials of a caller whose PUT APISIX accepted for re-seeding.
-func (p *Proxy) answered(pr *putRequest, ans *apisix.Answer, res *rewrite.Result, prepared *rewrite.Prepared, out outgoingPut) {
-	unowned := p.dp.Answered(dataplane.Outcome{Status: ans.Status, Digest: ans.Header.Get("X-Digest"), LastModified: ans.Header.Get("X-Last-Modified"),
-		Res: res, Prepared: prepared, NoOp: out.noop, Conn: p.api.DecideConn()})
-	if ans.Status/100 == 2 && p.watch != nil {
-		p.watch.Accepted(pr.creds) // for re-seeding; memory only
+func (pr *putRequest) answered(ans *apisix.Answer, res *rewrite.Result, prepared *rewrite.Prepared, out outgoingPut, fb *fallbackResult, held []dataplane.Held) {
+	p := pr.p
+	o := dataplane.Outcome{Status: ans.Status, Digest: ans.Header.Get("X-Digest"), LastModified: ans.Header.Get("X-Last-Modified"),
+		Res: res, Prepared: prepared, NoOp: out.noop, Conn: p.api.DecideConn(),
+		Fallback: p.cfg.Fallback, Held: held, Caller: pr.creds}
+	if fb != nil {
+		o.Backfilled, o.Versions = fb.changed, fb.versions
+	} else if len(pr.heldBeforePut) > 0 {
+		o.Correction = p.correctionOf(pr.clientPrepared, pr.prepared, pr.heldBeforePut)
 	}
+	unowned := pr.tx.Answered(o)
 	for _, m := range unowned {
 		p.log.Warn().Str("event", "merge_unowned").Str("section", rewrite.Clip(m.Section)).Int("kept", m.Kept).
 			Strs("kept_ids", m.KeptIDs).Int("kept_ids_not_named", m.Kept-len(m.KeptIDs)).

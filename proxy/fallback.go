@@ -115,7 +115,7 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 		if !pr.affords("the corrected PUT") {
 			return nil, nil // nothing corrected was sent: the first answer stands
 		}
-		if holds, err := p.stillHolds(ctx, pr.creds, p.dp.Digest(), p.dp.LastModified()); err != nil || !holds {
+		if holds, err := p.stillHolds(ctx, pr.creds, pr.tx.Digest(), pr.tx.LastModified()); err != nil || !holds {
 			return nil, staleBelief{} // APISIX closed the connection, and what it holds moved: decide again
 		}
 		r2, done, err := pr.timedPut(next) // the PUT's own deadline: never cut by the budget
@@ -268,22 +268,6 @@ func (pr *putRequest) unavailable(why string, err error) {
 		Msg(why + "; the last complete answer goes to the client")
 }
 
-// afterAccepted records what was held back (held: allHeld) once APISIX accepted the
-// sync: the record forgets the sections whose content is a correction, not the
-// client's decided copy, and a correction made before the PUT is kept for the same
-// client bytes next time.
-func (pr *putRequest) afterAccepted(fb *fallbackResult, held []dataplane.Held) {
-	p := pr.p
-	if fb != nil {
-		p.dp.Backfilled(fb.changed, fb.versions)
-	}
-	p.noteLastHeld(held)
-	p.dp.SetCorrection(nil)
-	if fb == nil && len(pr.heldBeforePut) > 0 {
-		p.rememberCorrection(pr.clientPrepared, pr.prepared, pr.heldBeforePut)
-	}
-}
-
 // allHeld is every item this PUT held back: before it (the steady state) and after
 // APISIX rejected the corrected body (new items).
 func (pr *putRequest) allHeld(fb *fallbackResult) []dataplane.Held {
@@ -338,7 +322,7 @@ func (pr *putRequest) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found
 		item := dataplane.Held{Section: h.Section, ID: h.ID, Error: clipString(h.Error, maxDebugMessage), Since: now, Backfilled: h.Backfilled,
 			DependsOnState: apisix.StateDependent(h.Error),
 			Sum:            pr.p.rw.ItemFingerprint(h.Raw), Raw: h.Raw, Server: pr.p.api.Server()}
-		prev, seen := pr.p.dp.HeldItem(h.Section, h.ID)
+		prev, seen := pr.tx.HeldItem(h.Section, h.ID)
 		if seen && prev.Sum == item.Sum {
 			item.Since = prev.Since // said when it was first held back
 		} else {
@@ -359,14 +343,14 @@ func (pr *putRequest) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found
 func (pr *putRequest) acceptedCopies(ctx context.Context) (*rewrite.Accepted, error) {
 	p := pr.p
 	switch {
-	case p.dp.Kept() != nil:
+	case pr.tx.Kept() != nil:
 		items := map[string][]byte{}
-		for s, raw := range p.dp.Kept().Items {
+		for s, raw := range pr.tx.Kept().Items {
 			items[s] = raw
 		}
 		return rewrite.NewAccepted(items), nil
-	case p.dp.State() != nil && p.dp.State().ItemsKnown:
-		return rewrite.NewAccepted(p.dp.State().Items), nil
+	case pr.tx.State() != nil && pr.tx.State().ItemsKnown:
+		return rewrite.NewAccepted(pr.tx.State().Items), nil
 	}
 	st, _, _, err := p.readState(ctx, pr.creds)
 	if err != nil {
@@ -386,19 +370,19 @@ func correctionHash(held []dataplane.Held) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// rememberCorrection keeps the correction of an accepted pre-held sync.
-func (p *Proxy) rememberCorrection(client, corrected *rewrite.Prepared, held []dataplane.Held) {
+// correctionOf is the correction of an accepted pre-held sync, kept for the same client
+// bytes next time (nil when a held section cannot be kept so).
+func (p *Proxy) correctionOf(client, corrected *rewrite.Prepared, held []dataplane.Held) *dataplane.Correction {
 	c := &dataplane.Correction{Server: p.api.Server(), Sections: map[string]rewrite.SectionCorrection{}}
 	for _, section := range backfilledSections(held) {
 		sum, ok := client.SectionSum(section)
 		items, _ := corrected.JSONItems(section)
 		if !ok || items == nil {
-			p.dp.SetCorrection(nil)
-			return
+			return nil
 		}
 		c.Sections[section] = rewrite.SectionCorrection{ClientSum: sum, Items: bytes.Clone(items)}
 	}
-	p.dp.SetCorrection(c)
+	return c
 }
 
 // holdBeforePut is the steady state of §8.5: before the PUT, an item held back in the last
@@ -408,13 +392,13 @@ func (p *Proxy) rememberCorrection(client, corrected *rewrite.Prepared, held []d
 // the corrected client body, or nil when nothing is held.
 func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.Held) {
 	p := pr.p
-	if !p.cfg.Fallback || len(p.dp.HeldBack()) == 0 || pr.prepared == nil || !pr.prepared.IsJSON() {
+	if !p.cfg.Fallback || len(pr.tx.HeldBack()) == 0 || pr.prepared == nil || !pr.prepared.IsJSON() {
 		return nil, nil
 	}
 	var found []rewrite.Rejection
 	sections := map[string]bool{}
 	stateDependent := false
-	for _, h := range p.dp.HeldBack() {
+	for _, h := range pr.tx.HeldBack() {
 		sections[h.Section] = true
 		stateDependent = stateDependent || h.DependsOnState
 	}
@@ -429,7 +413,7 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 	plan := rewrite.NewPlan(pr.prepared)
 	for section := range sections {
 		for i, it := range plan.Items(section) {
-			h, ok := p.dp.HeldItem(section, it.ID)
+			h, ok := pr.tx.HeldItem(section, it.ID)
 			if !ok || it.ID == "" || h.Server != p.api.Server() || h.Sum != p.rw.ItemFingerprint(it.Raw) {
 				continue // changed, or another APISIX: it goes and APISIX judges it
 			}
@@ -446,7 +430,7 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 	if err != nil {
 		return nil, nil
 	}
-	for _, h := range p.dp.HeldBack() {
+	for _, h := range pr.tx.HeldBack() {
 		if !h.Backfilled {
 			accepted.Refuse(h.Section, h.ID) // left out last time: its copy is no use
 		}
@@ -464,7 +448,7 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 // waits for what the data plane holds): no split, no validate.
 func (pr *putRequest) reuseCorrection(sections map[string]bool, stateDependent bool) ([]byte, []dataplane.Held) {
 	p := pr.p
-	cached := p.dp.Correction()
+	cached := pr.tx.Correction()
 	if cached == nil || stateDependent || cached.Server != p.api.Server() {
 		return nil, nil
 	}
@@ -480,8 +464,8 @@ func (pr *putRequest) reuseCorrection(sections map[string]bool, stateDependent b
 	if !ok {
 		return nil, nil
 	}
-	held := make([]dataplane.Held, 0, len(p.dp.HeldBack()))
-	for _, h := range p.dp.HeldBack() {
+	held := make([]dataplane.Held, 0, len(pr.tx.HeldBack()))
+	for _, h := range pr.tx.HeldBack() {
 		held = append(held, h)
 	}
 	return corrected, held
@@ -576,7 +560,7 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) (*fall
 	if err != nil {
 		// the second PUT got no answer: the client gets the first corrected PUT's, and
 		// the state is read afresh next time (the second may have landed)
-		p.dp.Forget()
+		pr.tx.Forget()
 		pr.unavailable("the second PUT got no answer", err)
 		return nil, nil
 	}
@@ -634,12 +618,12 @@ const (
 	secondStepPause  = 200 * time.Millisecond
 )
 
-// noteLastHeld records the items held back in the last accepted sync: metrics, /debug/config.
+// noteLastHeld shows the items held back in the last accepted sync: metrics, /debug/config
+// (the belief recorded them with the answer).
 func (p *Proxy) noteLastHeld(held []dataplane.Held) {
 	if !p.cfg.Fallback {
 		return
 	}
-	p.dp.SetHeld(held)
 	counts := map[string]int{}
 	for _, h := range held {
 		counts[metrics.SectionLabel(h.Section)]++

@@ -203,7 +203,7 @@ func New(cfg Config) (*Proxy, error) {
 			}
 			p.debug.noteStateWrite(err)
 		}})
-	switch k := dp.Kept(); {
+	switch k := dp.Snapshot().Kept; {
 	case loadErr != nil:
 		cfg.Logger.Warn().Str("event", "state_file").Str("error", loadErr.Error()).Msg("the kept configuration in --state-dir cannot be read; ignored")
 	case k != nil:

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/confshim/confshim/internal/apisix"
+	"github.com/confshim/confshim/internal/dataplane"
 	"github.com/confshim/confshim/rewrite"
 )
 
@@ -92,43 +93,43 @@ func (p *Proxy) TrustConnection() (trusted bool, why string) { return p.trustRea
 
 // decidesUnread: the belief may decide this sync without a read — the connection is
 // one confshim trusts, and the belief was confirmed on it, still open, with no doubt since.
-func (p *Proxy) decidesUnread() bool {
+func (p *Proxy) decidesUnread(tx *dataplane.Tx) bool {
 	if trusted, _ := p.trustReason(); !trusted {
 		return false
 	}
-	return p.dp.Trusts(p.api.DecideConn())
+	return tx.Trusts(p.api.DecideConn())
 }
 
 // stateFor returns the data plane's state under the PUT lock, on the decide connection:
 // the belief unread where decidesUnread (verified is then false: the PUT's checks prove
 // it), the belief when a HEAD shows nobody wrote since, otherwise a GET.
-func (p *Proxy) stateFor(ctx context.Context, creds apisix.Credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
-	if !fresh && p.dp.State() != nil && !p.api.NoHead() {
-		if p.decidesUnread() {
-			return p.dp.State(), false, nil
+func (p *Proxy) stateFor(ctx context.Context, tx *dataplane.Tx, creds apisix.Credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
+	if !fresh && tx.State() != nil && !p.api.NoHead() {
+		if p.decidesUnread(tx) {
+			return tx.State(), false, nil
 		}
-		if ok, err := p.revalidate(ctx, creds); err != nil || ok {
-			return p.dp.State(), ok, err
+		if ok, err := p.revalidate(ctx, tx, creds); err != nil || ok {
+			return tx.State(), ok, err
 		}
 	}
 	st, digest, lastModified, err := p.readState(ctx, creds)
 	if err != nil {
 		return nil, false, err
 	}
-	p.noteMoves(p.dp.Read(st, digest, lastModified, p.api.NoHead(), p.api.DecideConn()), how)
+	p.noteMoves(tx.Read(st, digest, lastModified, p.api.NoHead(), p.api.DecideConn()), how)
 	return st, true, nil
 }
 
 // revalidate is HEAD /apisix/admin/configs on the decide connection: whether the data
 // plane still holds the state confshim has (anything but a match, a changed state or
 // an odd status, is false: a GET decides).
-func (p *Proxy) revalidate(ctx context.Context, creds apisix.Credentials) (bool, error) {
+func (p *Proxy) revalidate(ctx context.Context, tx *dataplane.Tx, creds apisix.Credentials) (bool, error) {
 	head, _, err := p.api.Head(ctx, apisix.Decide, creds)
 	if err != nil {
 		return false, err
 	}
-	if head != nil && p.dp.Matches(head.Digest, head.LastModified) {
-		p.dp.Confirm(p.api.DecideConn())
+	if head != nil && tx.Matches(head.Digest, head.LastModified) {
+		tx.Confirm(p.api.DecideConn())
 		return true, nil
 	}
 	return false, nil

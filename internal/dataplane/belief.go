@@ -28,8 +28,9 @@ type Options struct {
 	OnStateWrite func(error)
 }
 
-// Belief is confshim's belief about the data plane. Its methods but Snapshot,
-// RefreshDue and Unlock's channel run under the PUT lock (Lock).
+// Belief is confshim's belief about the data plane. What it holds is read and changed
+// only through the Tx its lock returns; Snapshot, Keeps, RefreshDue and the state file's
+// writer need no lock.
 type Belief struct {
 	lock chan struct{}
 
@@ -47,6 +48,7 @@ type Belief struct {
 
 	held       map[string]Held // §8.5: the items held back in the last accepted sync
 	correction *Correction     // and the correction made before that PUT
+	caller     any             // the last accepted caller's credentials (the watch's)
 
 	keep       bool
 	kept       *Kept
@@ -91,28 +93,34 @@ func New(o Options) (b *Belief, loadErr error) {
 	return b, loadErr
 }
 
+// Tx is the PUT lock held: the only way to read or change what the belief holds.
+// Taking the lock returns one; every transition is a method of it, each publishes one
+// snapshot for /debug/config, and Unlock ends it. A sync records APISIX's answer with
+// one call, Answered.
+type Tx struct{ b *Belief }
+
 // Lock takes the PUT lock; false when ctx ended first (a client that went away).
-func (b *Belief) Lock(ctx context.Context) bool {
+func (b *Belief) Lock(ctx context.Context) (*Tx, bool) {
 	select {
 	case b.lock <- struct{}{}:
-		return true
+		return &Tx{b: b}, true
 	case <-ctx.Done():
-		return false
+		return nil, false
 	}
 }
 
 // TryLock takes the PUT lock if it is free.
-func (b *Belief) TryLock() bool {
+func (b *Belief) TryLock() (*Tx, bool) {
 	select {
 	case b.lock <- struct{}{}:
-		return true
+		return &Tx{b: b}, true
 	default:
-		return false
+		return nil, false
 	}
 }
 
-// Unlock gives the PUT lock back.
-func (b *Belief) Unlock() { <-b.lock }
+// Unlock gives the PUT lock back; the Tx is done.
+func (t *Tx) Unlock() { <-t.b.lock }
 
 func (b *Belief) publish() {
 	if b.state != nil {
@@ -125,20 +133,20 @@ func (b *Belief) publish() {
 func (b *Belief) Snapshot() *Snapshot { return b.snap.Load() }
 
 // State is the data plane's state as confshim has it (nil: read it).
-func (b *Belief) State() *rewrite.State { return b.state }
+func (t *Tx) State() *rewrite.State { b := t.b; return b.state }
 
 // Digest and LastModified are the metadata the state belongs to.
-func (b *Belief) Digest() string       { return b.digest }
-func (b *Belief) LastModified() string { return b.lastModify }
+func (t *Tx) Digest() string       { b := t.b; return b.digest }
+func (t *Tx) LastModified() string { b := t.b; return b.lastModify }
 
 // Record is confshim's record of its last accepted write.
-func (b *Belief) Record() *rewrite.Record { return b.record }
+func (t *Tx) Record() *rewrite.Record { b := t.b; return b.record }
 
 // Owned is the memory of ownership of --merge sections.
-func (b *Belief) Owned() rewrite.Ownership { return b.owned }
+func (t *Tx) Owned() rewrite.Ownership { b := t.b; return b.owned }
 
 // Kept is the configuration kept for re-seeding (nil: none).
-func (b *Belief) Kept() *Kept { return b.kept }
+func (t *Tx) Kept() *Kept { b := t.b; return b.kept }
 
 // Keeps: re-seeding is on, so a configuration is kept.
 func (b *Belief) Keeps() bool { return b.keep }
@@ -146,7 +154,8 @@ func (b *Belief) Keeps() bool { return b.keep }
 // KeptState is the state believed with its items taken from the kept configuration,
 // when that describes exactly this state (nil otherwise): a decision that needs the
 // data plane's items then needs no read.
-func (b *Belief) KeptState() *rewrite.State {
+func (t *Tx) KeptState() *rewrite.State {
+	b := t.b
 	k := b.kept
 	if k == nil || b.state == nil || b.digest == "" || k.Digest != b.digest || k.LastModified != b.lastModify {
 		return nil
@@ -160,28 +169,31 @@ func (b *Belief) KeptState() *rewrite.State {
 
 // Empty: the last look found nothing stored since the data plane started (no
 // X-Last-Modified; APISIX 3.13, which never sends one, excluded).
-func (b *Belief) Empty(noHead bool) bool {
+func (t *Tx) Empty(noHead bool) bool {
+	b := t.b
 	return !noHead && b.state != nil && b.lastModify == ""
 }
 
 // Matches: the data plane answered with the metadata of the state confshim has.
-func (b *Belief) Matches(digest, lastModified string) bool {
+func (t *Tx) Matches(digest, lastModified string) bool {
+	b := t.b
 	return b.state != nil && digest == b.digest && lastModified == b.lastModify
 }
 
 // Trusts: the state was confirmed on conn, the decide connection still open (as
 // apisix.Client.DecideConn names it; 0 is never trusted), with no doubt since, so a
 // sync may be decided on it unread — APISIX's version check proves it.
-func (b *Belief) Trusts(conn uint64) bool {
+func (t *Tx) Trusts(conn uint64) bool {
+	b := t.b
 	return conn != 0 && conn == b.trustedConn && b.state != nil && b.lastModify != ""
 }
 
 // Confirm: the state was just confirmed on conn.
-func (b *Belief) Confirm(conn uint64) { b.trustedConn = conn }
+func (t *Tx) Confirm(conn uint64) { b := t.b; b.trustedConn = conn }
 
 // Distrust: a sign of doubt (a failed ping, a re-opened connection, another Server, a
 // PUT not accepted): the next sync reads first.
-func (b *Belief) Distrust() { b.trustedConn = 0 }
+func (t *Tx) Distrust() { b := t.b; b.trustedConn = 0 }
 
 // setState changes the state; like every unexported mutator it publishes nothing: each
 // exported transition publishes one snapshot when it is done, so /debug/config never
@@ -192,7 +204,8 @@ func (b *Belief) setState(st *rewrite.State, digest, lastModified string) {
 
 // Doubt drops the cached state: something wrote in between (a version conflict). The
 // versions believed stay, to tell what the writer changed.
-func (b *Belief) Doubt() {
+func (t *Tx) Doubt() {
+	b := t.b
 	defer b.publish()
 	b.setState(nil, "", "")
 }
@@ -200,7 +213,8 @@ func (b *Belief) Doubt() {
 // Forget drops the cached state and the versions believed: an outcome confshim does
 // not know (a PUT without an answer, a body forwarded untouched), whose effect the next
 // read shows without blaming anyone.
-func (b *Belief) Forget() {
+func (t *Tx) Forget() {
+	b := t.b
 	defer b.publish()
 	b.setState(nil, "", "")
 	b.believed = nil
@@ -209,14 +223,15 @@ func (b *Belief) Forget() {
 // Read records a state read on the decide connection: the state, confirmed, and the
 // out-of-band writes it shows against what confshim believed. A data plane that holds
 // nothing (restarted; noHead: APISIX 3.13 tells no metadata) is no writer's doing.
-func (b *Belief) Read(st *rewrite.State, digest, lastModified string, noHead bool, conn uint64) []Move {
+func (t *Tx) Read(st *rewrite.State, digest, lastModified string, noHead bool, conn uint64) []Move {
+	b := t.b
 	defer b.publish()
 	return b.read(st, digest, lastModified, noHead, conn)
 }
 
 func (b *Belief) read(st *rewrite.State, digest, lastModified string, noHead bool, conn uint64) []Move {
 	b.setState(st, digest, lastModified)
-	b.Confirm(conn)
+	b.trustedConn = conn
 	believed := b.believed
 	if lastModified == "" && !noHead {
 		b.believed = nil
@@ -243,20 +258,32 @@ type Outcome struct {
 	Prepared             *rewrite.Prepared // what APISIX took (after a fallback, the corrected body)
 	NoOp                 bool              // sent with the data plane's own digest (§8.2)
 	Conn                 uint64            // the decide connection the answer came on (DecideConn)
+
+	// An accepted answer's fallback (§8.5) and caller:
+	Fallback   bool               // --fallback backfill: Held and Correction are recorded
+	Backfilled []string           // sections whose content is a correction, not the client's decided copy
+	Versions   map[string]float64 // a second step's versions, above the corrected PUT's (nil: none)
+	Held       []Held             // every item held back in this sync
+	Correction *Correction        // the correction made before this PUT, for the same client bytes next time
+	Caller     any                // the caller's credentials, for the watch's requests (memory only)
 }
 
 // Answered is the one transition per answer to a forwarded PUT: the kept
 // configuration (derived from the state the PUT was decided on), then the record and
 // the state. It returns the merged sections newly found without a memory of
 // ownership, to be said once.
-func (b *Belief) Answered(o Outcome) (unowned []rewrite.MergeReport) {
+func (t *Tx) Answered(o Outcome) (unowned []rewrite.MergeReport) {
+	b := t.b
 	defer b.publish()
+	if o.Status/100 == 2 {
+		defer b.accepted(o) // after the record and the state: a fallback's part amends them
+	}
 	if o.Status/100 == 2 && b.keep {
 		b.keepAfter(o)
 	}
 	switch {
 	case o.Status < 200 || o.Status > 299:
-		b.Distrust() // nothing was stored, most likely; the next sync looks first
+		b.trustedConn = 0 // nothing was stored, most likely; the next sync looks first
 	case o.Res == nil:
 		b.record = nil // an untouched body landed: know nothing
 		b.setState(nil, "", "")
@@ -276,11 +303,29 @@ func (b *Belief) Answered(o Outcome) (unowned []rewrite.MergeReport) {
 		b.setState(nil, "", "")
 		if o.Digest != "" && o.LastModified != "" {
 			b.setState(applied, o.Digest, o.LastModified)
-			b.Confirm(o.Conn) // APISIX's 202 on the decide connection
+			b.trustedConn = o.Conn // APISIX's 202 on the decide connection
 		}
 	}
 	return unowned
 }
+
+// accepted records what an accepted answer's fallback changed and who the caller was.
+func (b *Belief) accepted(o Outcome) {
+	if len(o.Backfilled) > 0 || o.Versions != nil {
+		b.backfilled(o.Backfilled, o.Versions)
+	}
+	if o.Fallback {
+		b.setHeld(o.Held)
+		b.correction = o.Correction
+	}
+	if o.Caller != nil {
+		b.caller = o.Caller
+	}
+}
+
+// Caller are the credentials of the last caller whose PUT APISIX accepted (nil: none),
+// for the watch's own requests when there is no --admin-key; memory only.
+func (t *Tx) Caller() any { return t.b.caller }
 
 // keepAfter updates the kept configuration after APISIX accepted a forwarded PUT; the
 // cached state is still the one the PUT was decided on.
@@ -331,8 +376,7 @@ func (b *Belief) noteMerges(res *rewrite.Result) []rewrite.MergeReport {
 // forgets the sections whose content is a correction, not the client's decided copy;
 // a second step that moved versions past the decision's leaves the state to be read
 // again and the kept configuration to be read back.
-func (b *Belief) Backfilled(sections []string, versions map[string]float64) {
-	defer b.publish()
+func (b *Belief) backfilled(sections []string, versions map[string]float64) {
 	b.record = b.record.Without(sections)
 	if versions == nil {
 		return
@@ -348,20 +392,22 @@ func (b *Belief) Backfilled(sections []string, versions map[string]float64) {
 
 // Reseeded records a re-seed APISIX accepted: the kept configuration is what the data
 // plane holds again, versions included, and the record still holds.
-func (b *Belief) Reseeded(k *Kept, digest, lastModified string, conn uint64) {
+func (t *Tx) Reseeded(k *Kept, digest, lastModified string, conn uint64) {
+	b := t.b
 	defer b.publish()
 	b.setKept(&Kept{Digest: digest, LastModified: lastModified, Versions: k.Versions, Items: k.Items, Owned: k.Owned})
 	b.believed = k.Versions
 	b.setState(nil, "", "")
 	if digest != "" && lastModified != "" {
 		b.setState(&rewrite.State{Versions: k.Versions}, digest, lastModified)
-		b.Confirm(conn)
+		b.trustedConn = conn
 	}
 }
 
 // Refreshed records the watch's read of a data plane that changed without confshim:
 // the state and the kept configuration both follow it.
-func (b *Belief) Refreshed(st *rewrite.State, digest, lastModified string, noHead bool, conn uint64) []Move {
+func (t *Tx) Refreshed(st *rewrite.State, digest, lastModified string, noHead bool, conn uint64) []Move {
+	b := t.b
 	defer b.publish()
 	moved := b.read(st, digest, lastModified, noHead, conn)
 	b.setKept(KeptFromState(st, digest, lastModified, b.owned))
@@ -371,7 +417,8 @@ func (b *Belief) Refreshed(st *rewrite.State, digest, lastModified string, noHea
 
 // KeptIsCurrent: the kept configuration describes the data plane the watch sees; then
 // nothing needs reading back.
-func (b *Belief) KeptIsCurrent(digest, lastModified string) bool {
+func (t *Tx) KeptIsCurrent(digest, lastModified string) bool {
+	b := t.b
 	if k := b.kept; k != nil && k.Digest == digest && k.LastModified == lastModified {
 		b.refreshDue.Store(false)
 		return true
@@ -384,10 +431,11 @@ func (b *Belief) KeptIsCurrent(digest, lastModified string) bool {
 func (b *Belief) RefreshDue() bool { return b.refreshDue.Load() }
 
 // AskRefresh asks the watch to look again at its next tick.
-func (b *Belief) AskRefresh() { b.refreshDue.Store(true) }
+func (t *Tx) AskRefresh() { t.b.refreshDue.Store(true) }
 
 // ForgetKept drops the kept configuration and asks the watch to read it back.
-func (b *Belief) ForgetKept() {
+func (t *Tx) ForgetKept() {
+	b := t.b
 	defer b.publish()
 	b.forgetKept()
 }

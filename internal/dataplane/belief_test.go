@@ -30,7 +30,7 @@ func readState(t *testing.T, doc string) *rewrite.State {
 var rw = rewrite.New([]string{"secrets"})
 
 // decided is the rewrite of body against b's state, as the proxy runs it.
-func decided(t *testing.T, b *Belief, body string) (*rewrite.Result, *rewrite.Prepared) {
+func decided(t *testing.T, b *Tx, body string) (*rewrite.Result, *rewrite.Prepared) {
 	t.Helper()
 	p, err := rw.Prepare([]byte(body))
 	if err != nil {
@@ -47,17 +47,19 @@ func decided(t *testing.T, b *Belief, body string) (*rewrite.Result, *rewrite.Pr
 	return res, pa
 }
 
-func newBelief(t *testing.T) *Belief {
+// newBelief is a belief with its lock taken: the Tx every transition is a method of.
+func newBelief(t *testing.T) *Tx {
 	t.Helper()
 	b, err := New(Options{Keep: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !b.Lock(context.Background()) {
+	tx, ok := b.Lock(context.Background())
+	if !ok {
 		t.Fatal("lock")
 	}
-	t.Cleanup(b.Unlock)
-	return b
+	t.Cleanup(tx.Unlock)
+	return tx
 }
 
 func TestAfterA202TheWriteIsBelievedAndTrusted(t *testing.T) {
@@ -82,7 +84,7 @@ func TestAfterA202TheWriteIsBelievedAndTrusted(t *testing.T) {
 		string(k.Items["secrets"]) != `[{"id":"vault/1","uri":"http://v"}]` {
 		t.Fatalf("kept after the 202: %+v", k)
 	}
-	if s := b.Snapshot(); s.Digest != "c1+x" || s.Kept != k {
+	if s := b.b.Snapshot(); s.Digest != "c1+x" || s.Kept != k {
 		t.Fatalf("snapshot %+v", s)
 	}
 	// the same client copy again is unchanged by the record: raised, nothing to read
@@ -128,7 +130,7 @@ func TestAnUntouchedBodyThatLandedForgetsEverything(t *testing.T) {
 	b := newBelief(t)
 	b.Read(readState(t, stored), "d0", "100", false, 1)
 	b.Answered(Outcome{Status: 202, Digest: "x", LastModified: "101"})
-	if b.State() != nil || b.Record() != nil || b.Kept() != nil || !b.RefreshDue() {
+	if b.State() != nil || b.Record() != nil || b.Kept() != nil || !b.b.RefreshDue() {
 		t.Fatal("a body confshim did not decide landed: it knows nothing and the watch reads back")
 	}
 	// and the next read blames nobody
@@ -146,14 +148,14 @@ func TestABackfillForgetsTheCorrectedSections(t *testing.T) {
 	if _, err := rw.Decide(mustPrepare(t, body), rewrite.Input{Body: []byte(body), State: b.State(), Record: b.Record()}); err != nil {
 		t.Fatalf("before the backfill the record vouches for routes: %v", err)
 	}
-	b.Backfilled([]string{"routes"}, nil)
+	b.Answered(Outcome{Status: 202, Digest: "c1+b", LastModified: "101", Res: res, Prepared: prepared, Conn: 1, Backfilled: []string{"routes"}})
 	if _, err := rw.Decide(mustPrepare(t, body), rewrite.Input{Body: []byte(body), State: b.State(), Record: b.Record()}); !errors.Is(err, rewrite.ErrStateIncomplete) {
 		t.Fatalf("routes' content is a correction, not the client's copy: deciding must read the items, got %v", err)
 	}
 	// a second step moved versions: the state is read again, the kept one read back, and
 	// the versions believed follow the second PUT
-	b.Backfilled([]string{"routes"}, map[string]float64{"routes": 6})
-	if b.State() != nil || b.Kept() != nil || !b.RefreshDue() {
+	b.Answered(Outcome{Status: 202, Digest: "c1+b", LastModified: "101", Res: res, Prepared: prepared, Conn: 1, Backfilled: []string{"routes"}, Versions: map[string]float64{"routes": 6}})
+	if b.State() != nil || b.Kept() != nil || !b.b.RefreshDue() {
 		t.Fatal("after a second step the state and the kept configuration are read again")
 	}
 	moved := b.Read(readState(t, `{"routes_conf_version":6,"secrets_conf_version":1}`), "c1+b+2", "102", false, 1)
@@ -217,17 +219,19 @@ func TestAnOutOfBandWriteIsLearntOnce(t *testing.T) {
 
 func TestTheLockIsOneAtATime(t *testing.T) {
 	b, _ := New(Options{})
-	if !b.TryLock() || b.TryLock() {
+	tx, ok := b.TryLock()
+	if _, again := b.TryLock(); !ok || again {
 		t.Fatal("TryLock must take a free lock and refuse a held one")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if b.Lock(ctx) {
+	if _, ok := b.Lock(ctx); ok {
 		t.Fatal("Lock must give up when its context ended")
 	}
-	b.Unlock()
-	if !b.Lock(context.Background()) {
-		t.Fatal("the lock was not given back")
+	tx.Unlock()
+	tx, ok = b.Lock(context.Background())
+	if !ok {
+		t.Fatal("Lock must take a free lock")
 	}
-	b.Unlock()
+	tx.Unlock()
 }

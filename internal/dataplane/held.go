@@ -37,17 +37,18 @@ type Correction struct {
 func heldKey(section, id string) string { return section + "\x00" + id }
 
 // HeldBack is the items held back in the last accepted sync (do not change the map).
-func (b *Belief) HeldBack() map[string]Held { return b.held }
+func (t *Tx) HeldBack() map[string]Held { b := t.b; return b.held }
 
 // HeldItem is section's item id as it was held back in the last accepted sync.
-func (b *Belief) HeldItem(section, id string) (Held, bool) {
+func (t *Tx) HeldItem(section, id string) (Held, bool) {
+	b := t.b
 	h, ok := b.held[heldKey(section, id)]
 	return h, ok
 }
 
 // SetHeld records the items held back in the accepted sync (their bytes copied out of
 // the request's pooled buffer).
-func (b *Belief) SetHeld(held []Held) {
+func (b *Belief) setHeld(held []Held) {
 	b.held = make(map[string]Held, len(held))
 	for _, h := range held {
 		h.Raw = bytes.Clone(h.Raw)
@@ -56,7 +57,6 @@ func (b *Belief) SetHeld(held []Held) {
 }
 
 // Correction is the last correction made before a PUT (nil: none).
-func (b *Belief) Correction() *Correction { return b.correction }
+func (t *Tx) Correction() *Correction { b := t.b; return b.correction }
 
 // SetCorrection keeps (or, nil, drops) the correction of an accepted sync.
-func (b *Belief) SetCorrection(c *Correction) { b.correction = c }

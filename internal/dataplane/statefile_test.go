@@ -66,12 +66,12 @@ func TestHostileStateFiles(t *testing.T) {
 				t.Fatal("start-up blocked on the state file")
 			}
 			if tc.want == "" {
-				if got.err != nil || got.b.Kept() == nil || got.b.Kept().Versions["routes"] != 3 {
+				if got.err != nil || got.b.Snapshot().Kept == nil || got.b.Snapshot().Kept.Versions["routes"] != 3 {
 					t.Fatalf("a valid state file was not loaded: %v", got.err)
 				}
 				return
 			}
-			if got.b.Kept() != nil {
+			if got.b.Snapshot().Kept != nil {
 				t.Fatal("a hostile state file was loaded")
 			}
 			if got.err == nil || !strings.Contains(got.err.Error(), tc.want) {

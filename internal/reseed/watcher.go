@@ -82,11 +82,10 @@ type Config struct {
 	TickDone func()
 }
 
-// Watcher is the watch. Its credentials are guarded by the belief's PUT lock.
+// Watcher is the watch.
 type Watcher struct {
-	cfg   Config
-	creds apisix.Credentials // the last accepted caller's; memory only
-	bg    sync.WaitGroup
+	cfg Config
+	bg  sync.WaitGroup
 }
 
 // New returns the watcher; Start runs it.
@@ -100,10 +99,6 @@ func New(cfg Config) *Watcher {
 	return &Watcher{cfg: cfg}
 }
 
-// Accepted keeps the credentials of a caller whose PUT APISIX accepted, for the
-// watch's own requests when there is no --admin-key; under the PUT lock.
-func (w *Watcher) Accepted(creds apisix.Credentials) { w.creds = creds }
-
 // Start runs the watch until ctx ends; Wait returns once it has.
 func (w *Watcher) Start(ctx context.Context) {
 	w.bg.Add(1)
@@ -116,12 +111,14 @@ func (w *Watcher) Start(ctx context.Context) {
 // Wait returns when the watch has stopped.
 func (w *Watcher) Wait() { w.bg.Wait() }
 
-// credentials are --admin-key, else the last accepted caller's; under the PUT lock.
-func (w *Watcher) credentials() (apisix.Credentials, bool) {
+// credentials are --admin-key, else the last accepted caller's (the belief keeps them,
+// in memory only).
+func (w *Watcher) credentials(tx *dataplane.Tx) (apisix.Credentials, bool) {
 	if w.cfg.AdminKey != "" {
 		return apisix.KeyCredentials(w.cfg.AdminKey), true
 	}
-	return w.creds, !w.creds.IsZero()
+	creds, ok := tx.Caller().(apisix.Credentials)
+	return creds, ok && !creds.IsZero()
 }
 
 // LookInterval is how long the watch waits between looks with nothing suspicious seen:
@@ -172,7 +169,8 @@ type watchState struct {
 // changed, or as the budget allows; false when the watch cannot work here (3.13).
 func (w *Watcher) tick(ctx context.Context, st *watchState) bool {
 	b, api, now := w.cfg.Belief, w.cfg.API, w.cfg.Now
-	if !b.TryLock() {
+	tx, free := b.TryLock()
+	if !free {
 		return true // a PUT is in flight on the decide connection: it tells what a ping would
 	}
 	dials, _ := api.UnexpectedDials()
@@ -180,9 +178,9 @@ func (w *Watcher) tick(ctx context.Context, st *watchState) bool {
 	n, counted := api.UnexpectedDials() // a connection APISIX said it closes is no sign
 	redialed := counted && n != dials
 	if err != nil || redialed || server != st.lastServer {
-		b.Distrust() // down, a new connection, or another APISIX answering
+		tx.Distrust() // down, a new connection, or another APISIX answering
 	}
-	b.Unlock()
+	tx.Unlock()
 	if err != nil {
 		st.suspect = true // unreachable or reset: it may come back empty
 		w.cfg.Log.Debug().Str("event", "watch").Str("error", apisix.SafeError(err)).Msg("the data plane did not answer the ping")
@@ -208,7 +206,7 @@ func (w *Watcher) tick(ctx context.Context, st *watchState) bool {
 // without confshim is read back. looked says whether the data plane answered, cost how
 // long the HEAD took; ok is false when re-seeding cannot work here (APISIX 3.13).
 func (w *Watcher) look(ctx context.Context) (looked bool, cost time.Duration, ok bool) {
-	b, api := w.cfg.Belief, w.cfg.API
+	api := w.cfg.API
 	if api.NoHead() {
 		w.cfg.Log.Info().Str("event", "reseed_off").Msg("the data plane has no HEAD /apisix/admin/configs (APISIX 3.13): re-seeding is off")
 		return false, 0, false
@@ -226,9 +224,9 @@ func (w *Watcher) look(ctx context.Context) (looked bool, cost time.Duration, ok
 	case err != nil || head == nil:
 		return false, 0, true // down, restarting or refusing the key: the next tick looks again
 	case head.LastModified == "":
-		b.Lock(context.Background())
-		defer b.Unlock()
-		w.ReseedLocked(ctx, w.cfg.Now(), nil)
+		tx, _ := w.cfg.Belief.Lock(context.Background())
+		defer tx.Unlock()
+		w.ReseedLocked(ctx, tx, w.cfg.Now(), nil)
 	default:
 		w.refresh(ctx, head.Digest, head.LastModified)
 	}
@@ -240,28 +238,28 @@ func (w *Watcher) lookCredentials() (apisix.Credentials, bool) {
 	if w.cfg.AdminKey != "" {
 		return apisix.KeyCredentials(w.cfg.AdminKey), true
 	}
-	if !w.cfg.Belief.TryLock() {
+	tx, free := w.cfg.Belief.TryLock()
+	if !free {
 		return apisix.Credentials{}, false // a PUT is in flight: look next time
 	}
-	defer w.cfg.Belief.Unlock()
-	return w.credentials()
+	defer tx.Unlock()
+	return w.credentials(tx)
 }
 
 // refresh reads the data plane when it changed since the kept configuration (an
 // out-of-band write) or when the kept one could not be derived.
 func (w *Watcher) refresh(ctx context.Context, digest, lastModified string) {
-	b := w.cfg.Belief
-	b.Lock(context.Background())
-	defer b.Unlock()
-	if b.KeptIsCurrent(digest, lastModified) {
+	tx, _ := w.cfg.Belief.Lock(context.Background())
+	defer tx.Unlock()
+	if tx.KeptIsCurrent(digest, lastModified) {
 		return
 	}
-	creds, _ := w.credentials()
+	creds, _ := w.credentials(tx)
 	st, d, lm, err := w.cfg.Host.ReadState(ctx, creds)
 	if err != nil || lm == "" {
 		return
 	}
-	w.cfg.Host.NoteMoves(b.Refreshed(st, d, lm, w.cfg.API.NoHead(), w.cfg.API.DecideConn()), Learnt)
+	w.cfg.Host.NoteMoves(tx.Refreshed(st, d, lm, w.cfg.API.NoHead(), w.cfg.API.DecideConn()), Learnt)
 	w.cfg.Log.Debug().Str("event", "kept_refreshed").Msg("read the data plane's configuration back after a write confshim did not make")
 }
 
@@ -271,13 +269,13 @@ func (w *Watcher) refresh(ctx context.Context, digest, lastModified string) {
 // anything is never overwritten. caller are the caller's credentials for a re-seed
 // before a client's sync, nil for the watch's own. It reports whether the data plane
 // now holds the kept configuration.
-func (w *Watcher) ReseedLocked(ctx context.Context, foundEmpty time.Time, caller *apisix.Credentials) bool {
-	b, api, m := w.cfg.Belief, w.cfg.API, w.cfg.Metrics
-	k := b.Kept()
+func (w *Watcher) ReseedLocked(ctx context.Context, tx *dataplane.Tx, foundEmpty time.Time, caller *apisix.Credentials) bool {
+	api, m := w.cfg.API, w.cfg.Metrics
+	k := tx.Kept()
 	if k == nil {
 		return false
 	}
-	creds, _ := w.credentials()
+	creds, _ := w.credentials(tx)
 	if caller != nil {
 		creds = *caller
 	}
@@ -296,13 +294,13 @@ func (w *Watcher) ReseedLocked(ctx context.Context, foundEmpty time.Time, caller
 	}
 	ans, err := api.PutConfig(ctx, creds, body, digest) // on the decide connection, as it is
 	if err != nil || ans.Status != http.StatusAccepted {
-		b.Doubt() // whatever it holds now is read again
+		tx.Doubt() // whatever it holds now is read again
 	}
 	if err != nil {
 		m.Reseed(metrics.ReseedFailed)
 		w.cfg.Host.NoteReseed(string(metrics.ReseedFailed), 0, w.cfg.Now().Sub(foundEmpty))
 		w.cfg.Log.Warn().Str("event", "reseed").Str("result", "failed").Str("error", apisix.SafeError(err)).Msg("re-seeding the data plane failed; retrying at the next check")
-		b.AskRefresh() // look again at the next tick
+		tx.AskRefresh() // look again at the next tick
 		return false
 	}
 	took := w.cfg.Now().Sub(foundEmpty)
@@ -325,7 +323,7 @@ func (w *Watcher) ReseedLocked(ctx context.Context, foundEmpty time.Time, caller
 	w.cfg.Log.Info().Str("event", "reseed").Str("result", "restored").Dict("versions", versions).
 		Dur("after", took).Msg("the data plane had lost its configuration; restored the kept one")
 	// the record still holds: the data plane has the same versions and content again
-	b.Reseeded(k, ans.Header.Get("X-Digest"), ans.Header.Get("X-Last-Modified"), api.DecideConn())
+	tx.Reseeded(k, ans.Header.Get("X-Digest"), ans.Header.Get("X-Last-Modified"), api.DecideConn())
 	return true
 }
 
