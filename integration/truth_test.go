@@ -201,3 +201,29 @@ func TestFallbackWorkStopsWhereItsBudgetEnds(t *testing.T) {
 		t.Fatalf("fallback_puts_total{applied} = %v: the corrected PUT should have landed", got)
 	}
 }
+
+// TestFirstSteadySyncAfterAFallbackReadsOnce (issue 31): the sync after a fallback reads
+// the data plane's state at most once (the record forgot the corrected section, and the
+// kept configuration holds its items: here not at all), where it read it twice.
+func TestFirstSteadySyncAfterAFallbackReadsOnce(t *testing.T) {
+	var log exchangeLog
+	s := newStack(t, stackOptions{fallback: true, reseed: time.Hour, wrap: log.wrap})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, withRoutes(route("r1", "/a", nil))))
+	cfg := withRoutes(route("r1", "/b", unknownPlugin), route("r2", "/c", nil))
+	first := sync1(t, c, cfg) // the fallback
+	mustNameHeld(t, first.Status, first.Body, "r1")
+	n := log.len()
+	res := sync1(t, c, withRoutes(route("r1", "/b", unknownPlugin), route("r2", "/c", nil), route("r3", "/d", nil)))
+	mustNameHeld(t, res.Status, res.Body, "r1")
+	reads := 0
+	for _, line := range log.since(n) {
+		if strings.HasPrefix(line, "GET /configs") || strings.HasPrefix(line, "HEAD /configs") {
+			reads++
+		}
+	}
+	if reads > 1 {
+		t.Fatalf("%d state reads in a steady sync after a fallback: %q", reads, log.since(n))
+	}
+	t.Logf("state reads on a steady sync after a fallback: %d (%q)", reads, log.since(n))
+}
