@@ -44,6 +44,9 @@ type putRequest struct {
 	heldBeforePut  []dataplane.Held
 	holdChecked    bool
 	clientPrepared *rewrite.Prepared // the client's own body, when it was corrected before the PUT
+	clientBody     []byte            // and its bytes and digest
+	clientDigest   string
+	carried        []dataplane.Held // items a fallback of this sync held before it was decided again
 
 	// for /debug/config
 	start            time.Time
@@ -266,6 +269,9 @@ func (pr *putRequest) forward() *answer {
 			case errors.As(lost, &stale) && !conflictRetried:
 				conflictRetried = true
 				pr.decideAgain(stale)
+				if len(pr.carried) > 0 {
+					pr.holdChecked = false // what this sync learnt APISIX rejects is held before the PUT
+				}
 				continue
 			case errors.As(lost, &stale):
 				// stale twice: APISIX's first answer is the client's; what it holds is read next time
@@ -367,11 +373,14 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	}
 	if !pr.holdChecked {
 		pr.holdChecked = true
+		if pr.clientPrepared != nil { // decided again: the client's own body is held back afresh
+			pr.in.Body, pr.prepared, pr.in.Digest, pr.heldBeforePut = pr.clientBody, pr.clientPrepared, pr.clientDigest, nil
+		}
 		if corrected, held := pr.holdBeforePut(ctx); corrected != nil {
 			prepared, err := p.rw.PrepareLike(corrected, p.correctedLayout.Load())
 			if err == nil {
 				p.correctedLayout.Store(prepared.Layout()) // the steady state sends this one again
-				pr.clientPrepared = pr.prepared
+				pr.clientPrepared, pr.clientBody, pr.clientDigest = pr.prepared, pr.in.Body, pr.in.Digest
 				pr.in.Body, pr.prepared, pr.heldBeforePut = corrected, prepared, held
 				if pr.in.HasDigest {
 					pr.in.Digest += "+held:" + correctionHash(held) // another body than the client's

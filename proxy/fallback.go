@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -129,8 +130,10 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 		}
 		if apisix.IsConflict(r2) {
 			// the belief the sync was decided on is stale (APISIX ≥ 3.15 checks items
-			// before versions, so an out-of-band write shows only now): decide again
+			// before versions, so an out-of-band write shows only now): decide again,
+			// holding what APISIX was found to reject before that PUT, without asking again
 			p.m.FallbackPut(metrics.FallbackRejected)
+			pr.carried = held
 			return nil, staleBelief{}
 		}
 		if r2.Status/100 == 2 {
@@ -392,20 +395,23 @@ func (p *Proxy) correctionOf(client, corrected *rewrite.Prepared, held []datapla
 // the corrected client body, or nil when nothing is held.
 func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.Held) {
 	p := pr.p
-	if !p.cfg.Fallback || len(pr.tx.HeldBack()) == 0 || pr.prepared == nil || !pr.prepared.IsJSON() {
+	known := pr.knownHeld()
+	if !p.cfg.Fallback || len(known) == 0 || pr.prepared == nil || !pr.prepared.IsJSON() {
 		return nil, nil
 	}
 	var found []rewrite.Rejection
 	sections := map[string]bool{}
 	stateDependent := false
-	for _, h := range pr.tx.HeldBack() {
+	for _, h := range known {
 		sections[h.Section] = true
 		stateDependent = stateDependent || h.DependsOnState
 	}
 	// The same client bytes of every held section as in the last sync, on the same
 	// APISIX, nothing to validate again: the last correction serves as it is.
-	if corrected, held := pr.reuseCorrection(sections, stateDependent); corrected != nil {
-		return corrected, held
+	if len(pr.carried) == 0 {
+		if corrected, held := pr.reuseCorrection(sections, stateDependent); corrected != nil {
+			return corrected, held
+		}
 	}
 	// Otherwise each held section is split once (the plan keeps it for the correction)
 	// and its items matched by id and content (§8.1's identity: a re-stamped
@@ -413,7 +419,7 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 	plan := rewrite.NewPlan(pr.prepared)
 	for section := range sections {
 		for i, it := range plan.Items(section) {
-			h, ok := pr.tx.HeldItem(section, it.ID)
+			h, ok := known[section+"\x00"+it.ID]
 			if !ok || it.ID == "" || h.Server != p.api.Server() || h.Sum != p.rw.ItemFingerprint(it.Raw) {
 				continue // changed, or another APISIX: it goes and APISIX judges it
 			}
@@ -430,7 +436,7 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 	if err != nil {
 		return nil, nil
 	}
-	for _, h := range pr.tx.HeldBack() {
+	for _, h := range known {
 		if !h.Backfilled {
 			accepted.Refuse(h.Section, h.ID) // left out last time: its copy is no use
 		}
@@ -441,6 +447,23 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 		return nil, nil
 	}
 	return corrected, held
+}
+
+// knownHeld are the items known to be rejected, by section and id: those held back in
+// the last accepted sync, and those a fallback of this sync held before it had to be
+// decided again (these win).
+func (pr *putRequest) knownHeld() map[string]dataplane.Held {
+	if len(pr.carried) == 0 {
+		return pr.tx.HeldBack()
+	}
+	known := maps.Clone(pr.tx.HeldBack())
+	if known == nil {
+		known = map[string]dataplane.Held{}
+	}
+	for _, h := range pr.carried {
+		known[h.Section+"\x00"+h.ID] = h
+	}
+	return known
 }
 
 // reuseCorrection is the correction made before the last accepted PUT, applied again

@@ -187,6 +187,20 @@ func TestFallbackConflictOnTheCorrectedPut(t *testing.T) {
 	if got := testutil.ToFloat64(f.m.ConflictRetries); got != 1 {
 		t.Fatalf("conflict_retries_total = %v", got)
 	}
+	// decided again, the sync holds r1 before the PUT: no second failed PUT, no second
+	// validate of the whole section (at 40k routes that pass alone costs seconds)
+	var failedPuts, validates int
+	for _, r := range f.rec.all() {
+		switch {
+		case r.method == http.MethodPut && strings.Contains(string(r.body), "nope"):
+			failedPuts++
+		case r.method == http.MethodPost && strings.HasSuffix(r.path, "/validate") && len(r.body) > 2:
+			validates++
+		}
+	}
+	if failedPuts != 1 || validates > 2 {
+		t.Fatalf("%d PUTs carried the rejected route, %d validate calls carried items: want 1 and the first round's", failedPuts, validates)
+	}
 }
 
 func jsonNumber(v float64) string { b, _ := json.Marshal(v); return string(b) }
