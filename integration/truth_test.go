@@ -92,10 +92,13 @@ func TestHeldItemIsReportedAsRefused(t *testing.T) {
 	}
 	t.Run("rejection", func(t *testing.T) {
 		s := newStack(t, stackOptions{fallback: true, reseed: time.Hour})
-		c := s.client(true)
+		c := s.clientOf(adcclient.Gen030, true) // the controller's newest ADC
 		mustLand(t, sync1(t, c, config("v1")))
 		res := sync1(t, c, withRoutes(changes(true)...))
 		mustNameHeld(t, res.Status, res.Body, "r-bad")
+		if fmt.Sprint(res.Failed) != "[r-bad]" {
+			t.Fatalf("ADC 0.30's re-validation through confshim reports %v, want exactly [r-bad]", res.Failed)
+		}
 		mustContain(t, res.Header.Get("X-Confshim-Actions"), "routes=backfilled")
 		if got := sectionLen(s, "routes"); got != 49 {
 			t.Fatalf("%d routes landed, want 49", got)
@@ -123,7 +126,7 @@ func TestHeldItemIsReportedAsRefused(t *testing.T) {
 	})
 	t.Run("accepted", func(t *testing.T) {
 		s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, reseed: time.Hour})
-		c := s.client(true)
+		c := s.clientOf(adcclient.Gen030, true)
 		mustLand(t, sync1(t, c, config("v1")))
 		res := sync1(t, c, withRoutes(changes(true)...))
 		if res.Status != http.StatusAccepted {
