@@ -190,6 +190,17 @@ func (k *soak) restarted() {
 	k.token = k.known
 }
 
+// rotate is the operator's out-of-band write: a new vault token straight on the data plane.
+func (k *soak) rotate() {
+	k.token = fmt.Sprintf("token-%d", k.rng.IntN(1e6))
+	k.pending = append(k.pending, k.token)
+	k.s.oobPut(k.t, func(doc map[string]any) {
+		v, _ := doc["secrets_conf_version"].(float64)
+		doc["secrets_conf_version"] = v + 1
+		doc["secrets"] = []any{map[string]any{"id": "vault/1", "uri": "http://vault:8200", "prefix": "kv", "token": k.token}}
+	})
+}
+
 func (k *soak) newVariant() { k.variant = fmt.Sprintf("v%d", k.rng.IntN(1000)) }
 
 func (k *soak) step() {
@@ -203,13 +214,7 @@ func (k *soak) step() {
 		k.sync()
 	case 3:
 		k.events["secrets"]++
-		k.token = fmt.Sprintf("token-%d", k.rng.IntN(1e6))
-		k.pending = append(k.pending, k.token)
-		k.s.oobPut(k.t, func(doc map[string]any) {
-			v, _ := doc["secrets_conf_version"].(float64)
-			doc["secrets_conf_version"] = v + 1
-			doc["secrets"] = []any{map[string]any{"id": "vault/1", "uri": "http://vault:8200", "prefix": "kv", "token": k.token}}
-		})
+		k.rotate()
 		if k.rng.IntN(2) == 0 {
 			k.sync()
 		}
@@ -266,13 +271,7 @@ func (k *soak) step() {
 		rotated := k.rng.IntN(2) == 0
 		k.events[map[bool]string{false: "bypassCache sync as the data plane returns", true: "secret rotated, restart, bypassCache sync"}[rotated]]++
 		if rotated {
-			k.token = fmt.Sprintf("token-%d", k.rng.IntN(1e6))
-			k.pending = append(k.pending, k.token)
-			k.s.oobPut(k.t, func(doc map[string]any) {
-				v, _ := doc["secrets_conf_version"].(float64)
-				doc["secrets_conf_version"] = v + 1
-				doc["secrets"] = []any{map[string]any{"id": "vault/1", "uri": "http://vault:8200", "prefix": "kv", "token": k.token}}
-			})
+			k.rotate()
 		}
 		k.s.restartDataPlane(k.t, time.Duration(50+k.rng.IntN(300))*time.Millisecond)
 		k.restarted()
@@ -281,13 +280,7 @@ func (k *soak) step() {
 		k.eventually(3*time.Second, "after a bypassCache sync as the data plane came back")
 	case 11:
 		k.events["rotated, then an idle restart"]++
-		k.token = fmt.Sprintf("token-%d", k.rng.IntN(1e6))
-		k.pending = append(k.pending, k.token)
-		k.s.oobPut(k.t, func(doc map[string]any) {
-			v, _ := doc["secrets_conf_version"].(float64)
-			doc["secrets_conf_version"] = v + 1
-			doc["secrets"] = []any{map[string]any{"id": "vault/1", "uri": "http://vault:8200", "prefix": "kv", "token": k.token}}
-		})
+		k.rotate()
 		k.s.restartDataPlane(k.t, time.Duration(50+k.rng.IntN(300))*time.Millisecond)
 		k.restarted()
 		k.eventually(3*time.Second, "re-seed after a restart right behind a rotation")
