@@ -12,12 +12,6 @@ import (
 // the data plane last accepted, or left out; every other byte goes to APISIX as the
 // client sent it. The splice works inside a section, item by item.
 
-// Item is one element of a section's JSON array.
-type Item struct {
-	Raw []byte
-	ID  string // tostring(id), or a consumer's username; "" when it has none
-}
-
 // SplitItems cuts a section's JSON array into its items, in order (nil for an absent
 // value or an object, which APISIX reads as no items).
 func SplitItems(section string, raw []byte) ([]Item, error) {
@@ -30,20 +24,6 @@ func SplitItems(section string, raw []byte) ([]Item, error) {
 		out[i] = Item{Raw: it.raw, ID: it.id}
 	}
 	return out, nil
-}
-
-// Splice is one corrected body: per section, what happens to the item at an index of
-// the body's array (a replacement, or nil to leave it out), and sections whose version
-// is to be set.
-type Splice struct {
-	Items    map[string]map[int][]byte
-	Versions map[string]float64
-	// Replace gives sections' whole items values (a correction computed before, for the
-	// same client bytes).
-	Replace map[string][]byte
-	// split are sections of the body already split (a plan's), so as not to split them
-	// again
-	split map[string][]Item
 }
 
 // Hold records that the item at index of section is replaced by with (nil: left out).
@@ -127,9 +107,6 @@ func (s *Splice) applyTo(body []byte, obj *object) ([]byte, error) {
 	slices.SortFunc(e.inserts, func(a, b insert) int { return strings.Compare(string(a.name), string(b.name)) })
 	return e.apply(nil, body, obj), nil
 }
-
-// Reference is an item's reference by id to an item of another section.
-type Reference struct{ Section, ID string }
 
 // References lists an item's references by id, by a scan of its top-level members (no
 // decode: a fallback looks at every item of the PUT). A field given twice counts as

@@ -1,15 +1,5 @@
 package rewrite
 
-// edits collects the byte changes to the top-level object: new version values,
-// members removed, version members added.
-type edits struct {
-	newValue [][]byte // per member: the replacement value, or nil
-	drop     []bool   // per member: remove it
-	inserts  []insert // version members to add
-}
-
-type insert struct{ name, value []byte }
-
 func (e *edits) setVersion(obj *object, vi int, section string, v float64) {
 	text := appendVersion(nil, v)
 	if vi >= 0 {

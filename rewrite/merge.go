@@ -17,10 +17,6 @@ import (
 // Merged is the action of a merged section in which items were kept.
 const Merged Action = "merged"
 
-// Ownership is, per merged section, the ids the client owns. A section missing from it
-// has no memory of ownership (a restart without --state-dir): nothing is deleted there.
-type Ownership map[string][]string
-
 // NewMerging returns a Rewriter that preserves preserve and merges merge item by item.
 func NewMerging(preserve, merge []string) *Rewriter {
 	rw := New(preserve)
@@ -30,16 +26,6 @@ func NewMerging(preserve, merge []string) *Rewriter {
 		delete(rw.preserve, s)
 	}
 	return rw
-}
-
-// MergeReport is what merging did to one section.
-type MergeReport struct {
-	Section     string
-	ClientOwned int  // ids the client owns (every id it has sent)
-	Kept        int  // items kept as the data plane holds them
-	Unowned     bool // no memory of ownership: items missing from the client's copy were kept
-	// KeptIDs names the first MaxKeptIDs items kept, each cut at 64 bytes (for the log).
-	KeptIDs []string
 }
 
 // arrayItem is one element of a JSON array: its raw bytes and its identity.
@@ -88,47 +74,6 @@ func rawItems(section string, raw []byte) ([][]byte, error) {
 		}
 	}
 	return out, nil
-}
-
-// valueEnd returns the end of the JSON value starting at i (strings and nesting aware).
-func valueEnd(b []byte, i int) int {
-	depth, inString, escaped := 0, false, false
-	for j := i; j < len(b); j++ {
-		c := b[j]
-		if inString {
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-				if depth == 0 {
-					return j + 1
-				}
-			}
-			continue
-		}
-		switch c {
-		case '"':
-			inString = true
-		case '[', '{':
-			depth++
-		case ']', '}':
-			depth--
-			if depth == 0 {
-				return j + 1
-			}
-			if depth < 0 {
-				return j
-			}
-		case ',':
-			if depth == 0 {
-				return j
-			}
-		}
-	}
-	return len(b)
 }
 
 // CountItems counts the elements of a JSON array without decoding it (0 for anything

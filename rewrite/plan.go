@@ -6,22 +6,6 @@ package rewrite
 // items of the same body refer by id to one left out and must be held back too. Time,
 // logging and the network stay with the caller.
 
-// Rejection is one item APISIX rejects: its section, its index in the body's array,
-// and APISIX's error.
-type Rejection struct {
-	Section string
-	Index   int
-	Error   string
-}
-
-// Hold is one item a plan holds back.
-type Hold struct {
-	Section, ID string
-	Error       string
-	Raw         []byte // the client's item
-	Backfilled  bool   // replaced by its accepted copy; false: left out
-}
-
 // Plan is the fallback's correction of one body: each section of it split once, each
 // item's references read once, the splice that builds the corrected body.
 type Plan struct {
@@ -153,14 +137,6 @@ func (pl *Plan) Apply() ([]byte, error) {
 	return pl.Splice.applyTo(pl.body.body, &pl.body.obj)
 }
 
-// Accepted are the copies of items the data plane last accepted, by section and id; a
-// section is split only when an item of it is looked up.
-type Accepted struct {
-	items    map[string][]byte
-	sections map[string]map[string][]byte
-	refused  map[Reference]bool
-}
-
 // NewAccepted takes each section's raw items (the kept configuration's, or the data
 // plane's own).
 func NewAccepted(items map[string][]byte) *Accepted {
@@ -203,13 +179,6 @@ func (pl *Plan) ItemSections() []string { return pl.body.ItemSections() }
 // step corrects the same body anew).
 func (pl *Plan) Fresh() *Plan {
 	return &Plan{body: pl.body, items: pl.items, refs: pl.refs, leftOut: map[Reference]bool{}}
-}
-
-// SectionCorrection is a section's correction made before a PUT: the hash the body's
-// scan kept of the client's items then, and the corrected items.
-type SectionCorrection struct {
-	ClientSum uint64
-	Items     []byte
 }
 
 // Reapply is §8.5's steady state at its cheapest: when the body carries, for every

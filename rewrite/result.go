@@ -5,22 +5,6 @@ import (
 	"strings"
 )
 
-// Record is confshim's memory of its last accepted write: per managed section, a hash
-// of the client's bytes, the semantic fingerprint of the content the data plane then
-// held, and the version it took. A nil Record is an empty one. It is immutable;
-// Result.Commit returns the next one.
-type Record struct {
-	entries map[string]recordEntry
-}
-
-type recordEntry struct {
-	sum     uint64 // maphash of the client's raw items
-	fp      uint64 // semantic fingerprint of the section's content (when fpKnown)
-	fpKnown bool
-	version float64
-	kept    bool // a --merge section whose union kept items the client never sent
-}
-
 // Without returns the record with sections forgotten (their content on the data plane
 // is not the client's: a backfilled section, §8.5).
 func (r *Record) Without(sections []string) *Record {
@@ -44,34 +28,6 @@ func (r *Record) entry(section string) (recordEntry, bool) {
 	return e, ok
 }
 
-// Result is the decision for one body.
-type Result struct {
-	// Body is what to forward: the input bytes themselves when nothing changed.
-	Body []byte
-	// Changed is false when Body is the input, untouched.
-	Changed bool
-	// Changes lists the reported sections (§5.5), sorted by section.
-	Changes []Change
-	// Digest is the X-Digest to forward (the client's when nothing changed).
-	Digest string
-	// NoOp: the forwarded body leaves every section as the data plane holds it (§8.2).
-	NoOp bool
-	// Thinned lists the sections sent at the data plane's version without their items
-	// (§8.3); ThinnedBytes is what that left out.
-	Thinned      []string
-	ThinnedBytes int
-	// Merges reports each --merge section whose union was computed (§8.6).
-	Merges []MergeReport
-
-	sections []outcome
-	owned    Ownership // the client's ids in each merged section after this PUT
-	// stamped are the changed sections a decision taken unread sent at Now instead of
-	// the client's version (Input.Unread); unsure: a version was chosen that the clock
-	// did not, so a decision taken unread must be checked first
-	stamped []Change
-	unsure  bool
-}
-
 // Ownership returns the memory of ownership once the data plane accepted this body:
 // prev with every merged section this body decided replaced.
 func (r *Result) Ownership(prev Ownership) Ownership {
@@ -86,19 +42,6 @@ func (r *Result) Ownership(prev Ownership) Ownership {
 		next[s] = ids
 	}
 	return next
-}
-
-// outcome is what the data plane will hold for one section after the forwarded PUT.
-type outcome struct {
-	section  string
-	recorded bool    // a managed section whose client copy the record keeps
-	sum      uint64  // hash of the client's items
-	fp       uint64  // fingerprint of the content after the PUT (when fpKnown)
-	fpKnown  bool    //
-	applied  float64 // the version after a 202, as APISIX stores it
-	current  float64 // the data plane's version before the PUT (kept on a 204)
-	dpKnows  bool    // the data plane reported this section
-	kept     bool    // a merged section that keeps items the client never sent (§8.6)
 }
 
 // maxHeaderBytes bounds X-Confshim-Actions: Node's HTTP client (ADC) refuses headers

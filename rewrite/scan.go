@@ -16,29 +16,6 @@ import (
 // of an object starts and ends. One pass over the bytes is the floor for a proxy that
 // must look at the body; nothing below the top level is ever parsed into values.
 
-// member is one top-level "key": value pair of the body, as byte offsets.
-type member struct {
-	key        []byte // the key's raw bytes between the quotes (still escaped)
-	name       string // the key unescaped (set by index)
-	start      int    // offset of the key's opening quote (YAML: of its line)
-	valueStart int
-	valueEnd   int
-	end        int // YAML: where the member's lines end (the next member's start)
-}
-
-// object is the top level of a JSON object body (or a YAML block mapping): its
-// members, the offset of the closing brace (YAML: of the mapping's end), and an index
-// by name.
-type object struct {
-	members []member
-	close   int
-	idx     map[string]slots // by section name (a version key counts under its section)
-	yaml    *yamlDoc         // YAML only: what the splice must keep consistent
-}
-
-// slots are the members of one section: its items and its version (-1: absent).
-type slots struct{ items, version int }
-
 // maxDepth bounds nesting as lua-cjson does (it refuses 1001 levels); it also keeps a
 // hostile body from costing more than a small stack.
 const maxDepth = 1000

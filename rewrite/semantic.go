@@ -39,13 +39,6 @@ func fmix(h uint64) uint64 {
 	return h
 }
 
-type semHasher struct {
-	seed    maphash.Seed
-	b       []byte
-	i       int
-	scratch []byte
-}
-
 // OrderFree reports whether section's items are compared as a set (§8.1, the table of
 // sections): a section confshim does not know keeps its order.
 func OrderFree(section string) bool {

@@ -17,22 +17,6 @@ var KnownSections = sections.Names()
 // out-of-band writers, which ADC never models.
 var DefaultPreserve = []string{"plugins", "protos", "plugin_configs", "consumer_groups", "secrets"}
 
-const versionSuffix = "_conf_version"
-
-// maxVersion keeps versions exact in APISIX's doubles.
-const maxVersion = 1 << 53
-
-// State is what the data plane holds: each section's version and, when known, its items.
-type State struct {
-	// Versions holds every <section>_conf_version the data plane reported.
-	Versions map[string]float64
-	// Items holds each section's raw JSON items as the data plane returned them.
-	// It is only meaningful when ItemsKnown; a state derived from confshim's own write
-	// knows versions only.
-	Items      map[string][]byte
-	ItemsKnown bool
-}
-
 // ParseState reads the body of GET /apisix/admin/configs. The returned state keeps
 // sub-slices of body.
 func ParseState(body []byte) (*State, error) {

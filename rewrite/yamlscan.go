@@ -24,28 +24,6 @@ import (
 // plain JSON), tags, anchors or aliases on the document or on its keys, a top-level
 // merge key, directives, tabs as indentation, a version that is not a one-line scalar.
 
-// yamlDoc is what a YAML splice must keep consistent: anchors defined in a member that
-// the rewrite drops must not be referred to from what stays.
-type yamlDoc struct {
-	anchors []yamlRef // definitions, with the member they are in (-1: outside any)
-	aliases []yamlRef
-}
-
-type yamlRef struct {
-	name   string
-	member int
-}
-
-// PrepareYAML scans a YAML body (Content-Type application/yaml). Errors:
-// *RefuseError (400: not a mapping, or a form confshim cannot splice safely).
-func (rw *Rewriter) PrepareYAML(body []byte) (*Prepared, error) {
-	obj, err := scanYAML(body)
-	if err != nil {
-		return nil, err
-	}
-	return rw.prepared(body, obj, true)
-}
-
 // checkAnchors refuses a splice that would leave an alias without its anchor.
 func (o *object) checkAnchors(drop []bool) error {
 	if o.yaml == nil || len(o.yaml.aliases) == 0 {
