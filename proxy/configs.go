@@ -41,7 +41,7 @@ type putRequest struct {
 
 	// §8.5: items held back before the PUT (the steady state), and the body forwarded
 	learnt         string // how a fresh read would learn an out-of-band write
-	heldBeforePut  []dataplane.Held
+	heldUpfront    []dataplane.Held
 	holdChecked    bool
 	clientPrepared *rewrite.Prepared // the client's own body, when it was corrected before the PUT
 	clientBody     []byte            // and its bytes and digest
@@ -235,7 +235,7 @@ func (pr *putRequest) forward() *answer {
 			p.m.Untouch(pr.untouched)
 		}
 		out := p.outgoing(pr.in, res, pr.tx.Digest())
-		if len(pr.heldBeforePut) > 0 && pr.in.HasDigest && !out.setDigest {
+		if len(pr.heldUpfront) > 0 && pr.in.HasDigest && !out.setDigest {
 			out.digest, out.setDigest = pr.in.Digest, true // the corrected body is not the client's
 		}
 		ans, err := pr.send(out, res)
@@ -263,7 +263,7 @@ func (pr *putRequest) forward() *answer {
 		var fb *fallbackResult
 		if ans.Status == http.StatusBadRequest {
 			var lost error
-			fb, lost = pr.fallBack(out, res, ans.Body)
+			fb, lost = pr.backfill().afterRejection(out, res, ans.Body)
 			var stale staleBelief
 			switch {
 			case errors.As(lost, &stale) && !conflictRetried:
@@ -298,7 +298,7 @@ func (pr *putRequest) forward() *answer {
 			prepared = fb.prepared // what APISIX took is the corrected body
 		}
 		p.count(res, out, ans)
-		held := pr.allHeld(fb)
+		held := pr.backfill().allHeld(fb)
 		if ans.Status/100 == 2 && !p.cfg.SkipItemLists {
 			pr.touched = touchedItems{held: held}
 			if ans.Status != http.StatusNoContent { // a 204 took nothing from the body
@@ -374,14 +374,14 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	if !pr.holdChecked {
 		pr.holdChecked = true
 		if pr.clientPrepared != nil { // decided again: the client's own body is held back afresh
-			pr.in.Body, pr.prepared, pr.in.Digest, pr.heldBeforePut = pr.clientBody, pr.clientPrepared, pr.clientDigest, nil
+			pr.in.Body, pr.prepared, pr.in.Digest, pr.heldUpfront = pr.clientBody, pr.clientPrepared, pr.clientDigest, nil
 		}
-		if corrected, held := pr.holdBeforePut(ctx); corrected != nil {
+		if corrected, held := pr.backfill().steadyState(ctx); corrected != nil {
 			prepared, err := p.rw.PrepareLike(corrected, p.correctedLayout.Load())
 			if err == nil {
 				p.correctedLayout.Store(prepared.Layout()) // the steady state sends this one again
 				pr.clientPrepared, pr.clientBody, pr.clientDigest = pr.prepared, pr.in.Body, pr.in.Digest
-				pr.in.Body, pr.prepared, pr.heldBeforePut = corrected, prepared, held
+				pr.in.Body, pr.prepared, pr.heldUpfront = corrected, prepared, held
 				if pr.in.HasDigest {
 					pr.in.Digest += "+held:" + correctionHash(held) // another body than the client's
 				}
@@ -588,8 +588,8 @@ func (pr *putRequest) answered(ans *apisix.Answer, res *rewrite.Result, prepared
 		Fallback: p.cfg.Fallback, Held: held, Caller: pr.creds}
 	if fb != nil {
 		o.Backfilled, o.Versions = fb.changed, fb.versions
-	} else if len(pr.heldBeforePut) > 0 {
-		o.Correction = p.correctionOf(pr.clientPrepared, pr.prepared, pr.heldBeforePut)
+	} else if len(pr.heldUpfront) > 0 {
+		o.Correction = p.correctionOf(pr.clientPrepared, pr.prepared, pr.heldUpfront)
 	}
 	unowned := pr.tx.Answered(o)
 	for _, m := range unowned {

@@ -63,15 +63,16 @@ type fallbackResult struct {
 	accepted *rewrite.Accepted  // the accepted copies it was made with (and a second step too)
 }
 
-// tryFallback is called after APISIX answered a decided PUT 400; nil means the client
+// correct is called after APISIX answered a decided PUT 400; nil means the client
 // gets that first answer. lost is a corrected PUT's transport error: it was sent and got
 // no answer, so whether APISIX applied it is unknown.
-func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody []byte) (fb *fallbackResult, lost error) {
+func (b backfill) correct(out outgoingPut, res *rewrite.Result, respBody []byte) (fb *fallbackResult, lost error) {
+	pr := b.putRequest
 	p := pr.p
 	if !p.cfg.Fallback || res == nil || pr.prepared == nil || !pr.prepared.IsJSON() || !apisix.ItemLevel(respBody) {
 		return nil, nil
 	}
-	ctx, cancel := pr.budgeted()
+	ctx, cancel := b.budgeted()
 	defer cancel()
 	forwarded, err := p.rw.Prepare(out.body) // scanned once, for every round
 	if err != nil {
@@ -81,7 +82,7 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 	plan := rewrite.NewPlan(forwarded)
 	var held []dataplane.Held
 	for round := 0; ; round++ {
-		found, ok := pr.rejections(ctx, round, plan, respBody)
+		found, ok := b.rejections(ctx, round, plan, respBody)
 		if !ok || len(found) == 0 {
 			if round == 0 {
 				p.m.FallbackPut(metrics.FallbackUnavailable)
@@ -97,29 +98,29 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 			}
 		}
 		if accepted == nil {
-			if accepted, err = pr.acceptedCopies(ctx); err != nil {
-				pr.unavailable("the copies the data plane accepted could not be read", err)
+			if accepted, err = b.acceptedCopies(ctx); err != nil {
+				b.unavailable("the copies the data plane accepted could not be read", err)
 				return nil, nil
 			}
 		}
-		pr.refuseCopies(ctx, plan, accepted, found)
-		held = mergeHeld(held, pr.hold(plan, accepted, found))
+		b.refuseCopies(ctx, plan, accepted, found)
+		held = mergeHeld(held, b.hold(plan, accepted, found))
 		corrected, err := plan.Apply()
 		if err != nil {
 			return nil, nil
 		}
-		next := pr.corrected(out, corrected, held)
+		next := b.corrected(out, corrected, held)
 		if ctx.Err() != nil { // the deadline: nothing corrected was sent, the first answer stands
-			pr.unavailable("the PUT's deadline passed before the corrected PUT", ctx.Err())
+			b.unavailable("the PUT's deadline passed before the corrected PUT", ctx.Err())
 			return nil, nil
 		}
-		if !pr.affords("the corrected PUT") {
+		if !b.affords("the corrected PUT") {
 			return nil, nil // nothing corrected was sent: the first answer stands
 		}
 		if holds, err := p.stillHolds(ctx, pr.creds, pr.tx.Digest(), pr.tx.LastModified()); err != nil || !holds {
 			return nil, staleBelief{} // APISIX closed the connection, and what it holds moved: decide again
 		}
-		r2, done, err := pr.timedPut(next) // the PUT's own deadline: never cut by the budget
+		r2, done, err := b.timedPut(next) // the PUT's own deadline: never cut by the budget
 		pr.sent = append(pr.sent, done)
 		if err != nil {
 			p.m.FallbackPut(metrics.FallbackUnavailable)
@@ -157,12 +158,13 @@ func (pr *putRequest) tryFallback(out outgoingPut, res *rewrite.Result, respBody
 // rejections are the items APISIX rejects in this round: validate's answer (3.15+, the
 // first round), or the PUT's own "invalid <key> at index <i>" message (3.13/3.14, one a
 // round, at most maxPrefixRounds). ok is false when APISIX did not say.
-func (pr *putRequest) rejections(ctx context.Context, round int, plan *rewrite.Plan, respBody []byte) ([]rewrite.Rejection, bool) {
+func (b backfill) rejections(ctx context.Context, round int, plan *rewrite.Plan, respBody []byte) ([]rewrite.Rejection, bool) {
+	pr := b.putRequest
 	if pr.p.api.HasValidate() {
 		if round > 0 {
 			return nil, false
 		}
-		return pr.validateItems(ctx, plan)
+		return b.validateItems(ctx, plan)
 	}
 	r, ok := apisix.PutRejection(respBody)
 	if !ok || round >= maxPrefixRounds {
@@ -175,7 +177,8 @@ func (pr *putRequest) rejections(ctx context.Context, round int, plan *rewrite.P
 // copies the rejected items would be backfilled with: a copy it refuses too (a key
 // another consumer now holds, on 3.18) would fail the corrected PUT the same way, so
 // its item is left out instead. One validate call per section with copies to check.
-func (pr *putRequest) refuseCopies(ctx context.Context, plan *rewrite.Plan, accepted *rewrite.Accepted, found []rewrite.Rejection) {
+func (b backfill) refuseCopies(ctx context.Context, plan *rewrite.Plan, accepted *rewrite.Accepted, found []rewrite.Rejection) {
+	pr := b.putRequest
 	if !pr.p.api.HasValidate() {
 		return // 3.13/3.14: the next round's message names a refused copy
 	}
@@ -219,7 +222,8 @@ func mergeHeld(held, more []dataplane.Held) []dataplane.Held {
 
 // corrected is the corrected PUT: its body, and a digest of its own (another body than
 // the client's, so APISIX never answers it 204 for the client's digest).
-func (pr *putRequest) corrected(out outgoingPut, body []byte, held []dataplane.Held) outgoingPut {
+func (b backfill) corrected(out outgoingPut, body []byte, held []dataplane.Held) outgoingPut {
+	pr := b.putRequest
 	next := outgoingPut{body: body, digest: out.digest, setDigest: out.setDigest}
 	if pr.in.HasDigest {
 		base := out.digest
@@ -231,17 +235,17 @@ func (pr *putRequest) corrected(out outgoingPut, body []byte, held []dataplane.H
 	return next
 }
 
-// fallBack is §8.5 after APISIX answered a decided PUT 400: the corrected PUT that
+// afterRejection is §8.5 after APISIX answered a decided PUT 400: the corrected PUT that
 // APISIX accepted (then, where held items now pass, the second one), or nil. Every
 // answer was read whole, so each request finds its connection free. lost: see
-// tryFallback.
-func (pr *putRequest) fallBack(out outgoingPut, res *rewrite.Result, respBody []byte) (*fallbackResult, error) {
-	fb, lost := pr.tryFallback(out, res, respBody)
+// correct.
+func (b backfill) afterRejection(out outgoingPut, res *rewrite.Result, respBody []byte) (*fallbackResult, error) {
+	fb, lost := b.correct(out, res, respBody)
 	if fb == nil {
 		return nil, lost
 	}
 	fb.changed = backfilledSections(fb.held)
-	fb2, err := pr.secondStep(fb, res)
+	fb2, err := b.secondStep(fb, res)
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +269,8 @@ func (staleBelief) Error() string {
 
 // unavailable counts and logs a fallback that could not go on: the client gets the last
 // complete answer confshim has.
-func (pr *putRequest) unavailable(why string, err error) {
+func (b backfill) unavailable(why string, err error) {
+	pr := b.putRequest
 	pr.p.m.FallbackPut(metrics.FallbackUnavailable)
 	pr.p.log.Info().Str("event", "fallback").Str("result", "unavailable").Str("error", apisix.SafeError(err)).
 		Msg(why + "; the last complete answer goes to the client")
@@ -273,17 +278,19 @@ func (pr *putRequest) unavailable(why string, err error) {
 
 // allHeld is every item this PUT held back: before it (the steady state) and after
 // APISIX rejected the corrected body (new items).
-func (pr *putRequest) allHeld(fb *fallbackResult) []dataplane.Held {
+func (b backfill) allHeld(fb *fallbackResult) []dataplane.Held {
+	pr := b.putRequest
 	if fb == nil {
-		return pr.heldBeforePut
+		return pr.heldUpfront
 	}
-	return append(slices.Clip(pr.heldBeforePut), fb.held...)
+	return append(slices.Clip(pr.heldUpfront), fb.held...)
 }
 
 // validateItems asks APISIX which items of the sections the PUT carries it rejects,
 // in pieces under its 1.5 MiB cap; false when it could not say. The plan's split of
 // each section serves the correction too.
-func (pr *putRequest) validateItems(ctx context.Context, plan *rewrite.Plan) ([]rewrite.Rejection, bool) {
+func (b backfill) validateItems(ctx context.Context, plan *rewrite.Plan) ([]rewrite.Rejection, bool) {
+	pr := b.putRequest
 	var found []rewrite.Rejection
 	for _, section := range plan.ItemSections() {
 		items := plan.Items(section)
@@ -302,7 +309,8 @@ func (pr *putRequest) validateItems(ctx context.Context, plan *rewrite.Plan) ([]
 }
 
 // passes validates one item alone: true when APISIX answered and accepts it now.
-func (pr *putRequest) passes(ctx context.Context, section string, raw []byte) bool {
+func (b backfill) passes(ctx context.Context, section string, raw []byte) bool {
+	pr := b.putRequest
 	errs, ok := pr.p.api.ValidateSection(ctx, pr.creds, section, [][]byte{raw})
 	return ok && len(errs) == 0
 }
@@ -318,7 +326,8 @@ func rawItems(items []rewrite.Item) [][]byte {
 // hold adds the rejected items to the plan (rewrite.Plan.Hold: backfilled or left out,
 // and what they strand), and keeps for each what the next syncs need: its content's
 // fingerprint, since when, on which APISIX. It says each newly held item once.
-func (pr *putRequest) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found []rewrite.Rejection) []dataplane.Held {
+func (b backfill) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found []rewrite.Rejection) []dataplane.Held {
+	pr := b.putRequest
 	now := time.Now()
 	var held []dataplane.Held
 	for _, h := range plan.Hold(found, accepted) {
@@ -343,7 +352,8 @@ func (pr *putRequest) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found
 
 // acceptedCopies are the copies of items the data plane last accepted: the kept
 // configuration, else the data plane's own copy (read when not known).
-func (pr *putRequest) acceptedCopies(ctx context.Context) (*rewrite.Accepted, error) {
+func (b backfill) acceptedCopies(ctx context.Context) (*rewrite.Accepted, error) {
+	pr := b.putRequest
 	p := pr.p
 	switch {
 	case pr.tx.Kept() != nil:
@@ -388,14 +398,15 @@ func (p *Proxy) correctionOf(client, corrected *rewrite.Prepared, held []datapla
 	return c
 }
 
-// holdBeforePut is the steady state of §8.5: before the PUT, an item held back in the last
+// steadyState is the steady state of §8.5: before the PUT, an item held back in the last
 // accepted sync and sent again byte for byte is held back again — with no failed round
 // trip and no validate call while APISIX's version is unchanged; one rejected for what
 // the data plane holds is validated again, alone, and goes when it passes. It returns
 // the corrected client body, or nil when nothing is held.
-func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.Held) {
+func (b backfill) steadyState(ctx context.Context) ([]byte, []dataplane.Held) {
+	pr := b.putRequest
 	p := pr.p
-	known := pr.knownHeld()
+	known := b.knownHeld()
 	if !p.cfg.Fallback || len(known) == 0 || pr.prepared == nil || !pr.prepared.IsJSON() {
 		return nil, nil
 	}
@@ -409,7 +420,7 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 	// The same client bytes of every held section as in the last sync, on the same
 	// APISIX, nothing to validate again: the last correction serves as it is.
 	if len(pr.carried) == 0 {
-		if corrected, held := pr.reuseCorrection(sections, stateDependent); corrected != nil {
+		if corrected, held := b.reuseCorrection(sections, stateDependent); corrected != nil {
 			return corrected, held
 		}
 	}
@@ -423,7 +434,7 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 			if !ok || it.ID == "" || h.Server != p.api.Server() || h.Sum != p.rw.ItemFingerprint(it.Raw) {
 				continue // changed, or another APISIX: it goes and APISIX judges it
 			}
-			if h.DependsOnState && pr.passes(ctx, section, it.Raw) {
+			if h.DependsOnState && b.passes(ctx, section, it.Raw) {
 				continue // the conflict is gone: it lands now
 			}
 			found = append(found, rewrite.Rejection{Section: section, Index: i, Error: h.Error})
@@ -432,7 +443,7 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 	if len(found) == 0 {
 		return nil, nil
 	}
-	accepted, err := pr.acceptedCopies(ctx)
+	accepted, err := b.acceptedCopies(ctx)
 	if err != nil {
 		return nil, nil
 	}
@@ -441,7 +452,7 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 			accepted.Refuse(h.Section, h.ID) // left out last time: its copy is no use
 		}
 	}
-	held := pr.hold(plan, accepted, found)
+	held := b.hold(plan, accepted, found)
 	corrected, err := plan.Apply()
 	if err != nil {
 		return nil, nil
@@ -452,7 +463,8 @@ func (pr *putRequest) holdBeforePut(ctx context.Context) ([]byte, []dataplane.He
 // knownHeld are the items known to be rejected, by section and id: those held back in
 // the last accepted sync, and those a fallback of this sync held before it had to be
 // decided again (these win).
-func (pr *putRequest) knownHeld() map[string]dataplane.Held {
+func (b backfill) knownHeld() map[string]dataplane.Held {
+	pr := b.putRequest
 	if len(pr.carried) == 0 {
 		return pr.tx.HeldBack()
 	}
@@ -469,7 +481,8 @@ func (pr *putRequest) knownHeld() map[string]dataplane.Held {
 // reuseCorrection is the correction made before the last accepted PUT, applied again
 // when every held section carries the same client bytes on the same APISIX (and none
 // waits for what the data plane holds): no split, no validate.
-func (pr *putRequest) reuseCorrection(sections map[string]bool, stateDependent bool) ([]byte, []dataplane.Held) {
+func (b backfill) reuseCorrection(sections map[string]bool, stateDependent bool) ([]byte, []dataplane.Held) {
+	pr := b.putRequest
 	p := pr.p
 	cached := pr.tx.Correction()
 	if cached == nil || stateDependent || cached.Server != p.api.Server() {
@@ -499,7 +512,8 @@ func (pr *putRequest) reuseCorrection(sections map[string]bool, stateDependent b
 // PUT is applied they pass. APISIX checks against what its workers have applied, which
 // follows a 202 by up to about a second, so validation is retried for up to 2 s. It
 // returns the second PUT's result, or nil.
-func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) (*fallbackResult, error) {
+func (b backfill) secondStep(fb *fallbackResult, res *rewrite.Result) (*fallbackResult, error) {
+	pr := b.putRequest
 	p := pr.p
 	var waiting []dataplane.Held
 	for _, h := range fb.held {
@@ -510,17 +524,17 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) (*fall
 	if len(waiting) == 0 {
 		return nil, nil
 	}
-	ctx, cancel := pr.budgeted()
+	ctx, cancel := b.budgeted()
 	defer cancel()
 	deadline := time.Now().Add(secondStepWindow)
-	if end := pr.budgetEnd().Add(-pr.putTook); end.Before(deadline) {
+	if end := b.budgetEnd().Add(-pr.putTook); end.Before(deadline) {
 		deadline = end // the second PUT must still fit in the budget
 	}
 	var passed map[string]bool
 	for passed == nil && time.Now().Before(deadline) {
 		ok := map[string]bool{}
 		for _, h := range waiting {
-			if pr.passes(ctx, h.Section, h.Raw) {
+			if b.passes(ctx, h.Section, h.Raw) {
 				ok[h.Section+"\x00"+h.ID] = true
 			}
 		}
@@ -530,14 +544,14 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) (*fall
 		}
 		select {
 		case <-ctx.Done():
-			pr.unavailable("the PUT's deadline passed while held items were validated again", ctx.Err())
+			b.unavailable("the PUT's deadline passed while held items were validated again", ctx.Err())
 			return nil, nil
 		case <-time.After(secondStepPause):
 		}
 	}
 	if passed == nil {
 		if ctx.Err() != nil {
-			pr.unavailable("the PUT's deadline passed while held items were validated again", ctx.Err())
+			b.unavailable("the PUT's deadline passed while held items were validated again", ctx.Err())
 		}
 		return nil, nil
 	}
@@ -561,30 +575,30 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) (*fall
 			}
 		}
 	}
-	held := pr.hold(plan, fb.accepted, still)
+	held := b.hold(plan, fb.accepted, still)
 	plan.Splice.Versions = versions
 	body, err := plan.Apply()
 	if err != nil {
 		return nil, nil
 	}
 	if ctx.Err() != nil {
-		pr.unavailable("the PUT's deadline passed before the second PUT", ctx.Err())
+		b.unavailable("the PUT's deadline passed before the second PUT", ctx.Err())
 		return nil, nil
 	}
-	if !pr.affords("the second PUT") {
+	if !b.affords("the second PUT") {
 		return nil, nil
 	}
 	next := outgoingPut{body: body, digest: fb.out.digest + "+2", setDigest: fb.out.setDigest}
 	if holds, err := p.stillHolds(ctx, pr.creds, fb.ans.Header.Get("X-Digest"), fb.ans.Header.Get("X-Last-Modified")); err != nil || !holds {
 		return nil, staleBelief{landed: true}
 	}
-	r2, done, err := pr.timedPut(next)
+	r2, done, err := b.timedPut(next)
 	pr.sent = append(pr.sent, done)
 	if err != nil {
 		// the second PUT got no answer: the client gets the first corrected PUT's, and
 		// the state is read afresh next time (the second may have landed)
 		pr.tx.Forget()
-		pr.unavailable("the second PUT got no answer", err)
+		b.unavailable("the second PUT got no answer", err)
 		return nil, nil
 	}
 	if apisix.IsConflict(r2) {
@@ -602,32 +616,46 @@ func (pr *putRequest) secondStep(fb *fallbackResult, res *rewrite.Result) (*fall
 	return &fallbackResult{ans: r2, out: next, prepared: prepared, held: held, versions: versions}, nil
 }
 
+// backfill is §8.5 for one configs PUT: the steady state (items known to be rejected,
+// held before the PUT), the rounds after APISIX rejected it, the corrected PUT, the
+// second step, all within the budget. It works on the PUT it belongs to.
+type backfill struct{ *putRequest }
+
+// backfill is the PUT's fallback.
+func (pr *putRequest) backfill() backfill { return backfill{pr} }
+
 // FallbackBudget is how long a sync with fallback work may take before its client is
 // answered with what is known (§8.5): the controller gives ADC 15 s per sync.
 const FallbackBudget = 10 * time.Second
 
 // budgetEnd is when the sync's fallback work must stop, counted from its arrival.
-func (pr *putRequest) budgetEnd() time.Time { return pr.start.Add(pr.p.cfg.FallbackBudget) }
+func (b backfill) budgetEnd() time.Time {
+	pr := b.putRequest
+	return pr.start.Add(pr.p.cfg.FallbackBudget)
+}
 
 // budgeted is the PUT's context bounded by the fallback's budget, for what may be cut
 // short without leaving an outcome unknown: validate calls, the waits between them.
-func (pr *putRequest) budgeted() (context.Context, context.CancelFunc) {
-	return context.WithDeadline(pr.ctx, pr.budgetEnd())
+func (b backfill) budgeted() (context.Context, context.CancelFunc) {
+	pr := b.putRequest
+	return context.WithDeadline(pr.ctx, b.budgetEnd())
 }
 
 // affords: a PUT as long as the last one still fits in the budget; otherwise the client
 // is answered with what is known, and nothing more is sent.
-func (pr *putRequest) affords(what string) bool {
-	if time.Until(pr.budgetEnd()) > pr.putTook {
+func (b backfill) affords(what string) bool {
+	pr := b.putRequest
+	if time.Until(b.budgetEnd()) > pr.putTook {
 		return true
 	}
-	pr.unavailable("the budget of a sync with fallback work ("+pr.p.cfg.FallbackBudget.String()+") ends before "+what, context.DeadlineExceeded)
+	b.unavailable("the budget of a sync with fallback work ("+pr.p.cfg.FallbackBudget.String()+") ends before "+what, context.DeadlineExceeded)
 	return false
 }
 
 // timedPut sends a PUT of this sync on the decide connection, under the PUT's own
 // deadline, and keeps how long it took (the next PUT is expected to take as long).
-func (pr *putRequest) timedPut(out outgoingPut) (*apisix.Answer, <-chan struct{}, error) {
+func (b backfill) timedPut(out outgoingPut) (*apisix.Answer, <-chan struct{}, error) {
+	pr := b.putRequest
 	start := time.Now()
 	ans, done, err := pr.p.forwardPut(apisix.NoRedial(pr.ctx), apisix.Decide, pr.r, out)
 	pr.putTook = time.Since(start)
