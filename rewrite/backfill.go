@@ -111,7 +111,7 @@ func (s *Splice) applyTo(body []byte, obj *object) ([]byte, error) {
 // References lists an item's references by id, by a scan of its top-level members (no
 // decode: a fallback looks at every item of the PUT). A field given twice counts as
 // lua-cjson reads it: the last one.
-func References(item []byte) []Reference {
+func references(item []byte) []Reference {
 	// the reference fields APISIX resolves by id (not checked on a PUT), from the table
 	// of sections
 	found := make([][]byte, len(sections.Table))

@@ -58,7 +58,7 @@ func FuzzBackfill(f *testing.F) {
 }
 
 func TestReferences(t *testing.T) {
-	refs := References([]byte(`{"id":"r1","service_id":"s1","upstream_id":7,"plugin_config_id":"","labels":{"service_id":"x"}}`))
+	refs := references([]byte(`{"id":"r1","service_id":"s1","upstream_id":7,"plugin_config_id":"","labels":{"service_id":"x"}}`))
 	if len(refs) != 2 || refs[0] != (Reference{"services", "s1"}) || refs[1] != (Reference{"upstreams", "7"}) {
 		t.Fatalf("%v", refs)
 	}

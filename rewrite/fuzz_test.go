@@ -173,7 +173,7 @@ func sendsUnknownSection(res *Result, st *State) bool {
 	return false
 }
 
-// FuzzReferences holds the scan of an item's top-level members (References, the
+// FuzzReferences holds the scan of an item's top-level members (references, the
 // fallback's fixed point reads it for every item) against encoding/json decoding the
 // item: the same references, for any valid JSON object.
 func FuzzReferences(f *testing.F) {
@@ -197,13 +197,13 @@ func FuzzReferences(f *testing.F) {
 				want = append(want, Reference{Section: rf.Section, ID: id})
 			}
 		}
-		got := References(item)
+		got := references(item)
 		if len(got) != len(want) {
-			t.Fatalf("References(%q) = %v, want %v", item, got, want)
+			t.Fatalf("references(%q) = %v, want %v", item, got, want)
 		}
 		for i := range got {
 			if got[i] != want[i] {
-				t.Fatalf("References(%q) = %v, want %v", item, got, want)
+				t.Fatalf("references(%q) = %v, want %v", item, got, want)
 			}
 		}
 	})

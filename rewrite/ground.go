@@ -361,7 +361,7 @@ type MergeReport struct {
 	ClientOwned int  // ids the client owns (every id it has sent)
 	Kept        int  // items kept as the data plane holds them
 	Unowned     bool // no memory of ownership: items missing from the client's copy were kept
-	// KeptIDs names the first MaxKeptIDs items kept, each cut at 64 bytes (for the log).
+	// KeptIDs names the first maxKeptIDs items kept, each cut at 64 bytes (for the log).
 	KeptIDs []string
 }
 

@@ -7,8 +7,8 @@ import "bytes"
 // modifiedIndex is not content, and an id's position does not matter. Only sections that
 // change are compared, so a settled, raised or thin section costs nothing here.
 
-// MaxListedIDs bounds each list of ids; ids are cut at 64 bytes (§5.7).
-const MaxListedIDs = 20
+// maxListedIDs bounds each list of ids; ids are cut at 64 bytes (§5.7).
+const maxListedIDs = 20
 
 // IDList is a bounded list of ids with the count of all of them.
 type IDList struct {
@@ -18,7 +18,7 @@ type IDList struct {
 
 func (l *IDList) add(id string) {
 	l.Count++
-	if len(l.IDs) < MaxListedIDs {
+	if len(l.IDs) < maxListedIDs {
 		l.IDs = append(l.IDs, clip(id))
 	}
 }

@@ -51,7 +51,7 @@ func TestDiffItemsBounded(t *testing.T) {
 	fmt.Fprintf(&after, `,{"id":"%s"}]`, long)
 	before.WriteByte(']')
 	d := New(nil).DiffItems("routes", []byte(before.String()), []byte(after.String()))
-	if d.Changed.Count != 10000 || len(d.Changed.IDs) != MaxListedIDs || d.Added.Count != 1 || d.Removed.Count != 0 {
+	if d.Changed.Count != 10000 || len(d.Changed.IDs) != maxListedIDs || d.Added.Count != 1 || d.Removed.Count != 0 {
 		t.Fatalf("changed %d (%d listed), added %d, removed %d", d.Changed.Count, len(d.Changed.IDs), d.Added.Count, d.Removed.Count)
 	}
 	if got := d.Added.IDs[0]; len(got) > 64+len("…") || !strings.HasPrefix(got, "xxxx") {

@@ -202,7 +202,7 @@ func union(section string, client, dataPlane []byte, owned []string) (out []byte
 		}
 		out = append(out, it.raw...)
 		kept++
-		if len(keptIDs) < MaxKeptIDs {
+		if len(keptIDs) < maxKeptIDs {
 			keptIDs = append(keptIDs, clip(it.id))
 		}
 	}
@@ -214,8 +214,8 @@ func union(section string, client, dataPlane []byte, owned []string) (out []byte
 	return out, slices.Compact(ids), kept, keptIDs, nil
 }
 
-// MaxKeptIDs bounds the kept ids a MergeReport names.
-const MaxKeptIDs = 20
+// maxKeptIDs bounds the kept ids a MergeReport names.
+const maxKeptIDs = 20
 
 func allOwned(items []arrayItem, owned []string) bool {
 	set := make(map[string]bool, len(owned))

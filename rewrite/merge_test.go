@@ -142,7 +142,7 @@ func TestItemID(t *testing.T) {
 	}
 }
 
-// TestUnionNamesWhatItKeeps: the kept ids are named for the log, at most MaxKeptIDs,
+// TestUnionNamesWhatItKeeps: the kept ids are named for the log, at most maxKeptIDs,
 // each cut at 64 bytes; the count stays whole.
 func TestUnionNamesWhatItKeeps(t *testing.T) {
 	long := strings.Repeat("x", 100)
@@ -154,8 +154,8 @@ func TestUnionNamesWhatItKeeps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if kept != 25 || len(ids) != MaxKeptIDs {
-		t.Fatalf("kept %d, named %d: want 25 and %d", kept, len(ids), MaxKeptIDs)
+	if kept != 25 || len(ids) != maxKeptIDs {
+		t.Fatalf("kept %d, named %d: want 25 and %d", kept, len(ids), maxKeptIDs)
 	}
 	for _, id := range ids {
 		if len(id) > 64+len("…") {

@@ -57,7 +57,7 @@ func TestPlanHoldsToAFixedPoint(t *testing.T) {
 // in an object is not, an escaped key counts as lua-cjson reads it, the last of a
 // repeated field wins.
 func TestReferencesReadTopLevelMembersOnly(t *testing.T) {
-	refs := References([]byte(`{"labels":{"service_id":"x"},"service_\u0069d":"s1","upstream_id":"u1","upstream_id":"u2","group_id":null}`))
+	refs := references([]byte(`{"labels":{"service_id":"x"},"service_\u0069d":"s1","upstream_id":"u1","upstream_id":"u2","group_id":null}`))
 	if len(refs) != 2 || refs[0] != (Reference{"services", "s1"}) || refs[1] != (Reference{"upstreams", "u2"}) {
 		t.Fatalf("references %+v", refs)
 	}

@@ -113,15 +113,6 @@ type SectionOutcome struct {
 // "keep what you hold", so the caller checks the data plane first.
 func (r *Result) Unsure() bool { return r != nil && r.unsure }
 
-// Stamped lists the sections sent at the clock's version instead of the client's.
-func (r *Result) Stamped() []string {
-	out := make([]string, len(r.stamped))
-	for i, c := range r.stamped {
-		out[i] = c.Section
-	}
-	return out
-}
-
 // Outcomes lists the sections the data plane knows after a 202 to the forwarded body.
 func (r *Result) Outcomes() []SectionOutcome {
 	out := make([]SectionOutcome, 0, len(r.sections))

@@ -18,10 +18,10 @@ func TestASectionIsOneTableEntry(t *testing.T) {
 	t.Cleanup(func() { sections.Table = saved })
 	sections.Table = append(sections.Table, sections.Section{Name: "widgets", OrderFree: true, ReferencedBy: "widget_id"})
 
-	if !OrderFree("widgets") || metrics.SectionLabel("widgets") != "widgets" || !slices.Contains(metrics.SectionLabels(), "widgets") {
-		t.Fatalf("order-free %v, label %q", OrderFree("widgets"), metrics.SectionLabel("widgets"))
+	if !orderFree("widgets") || metrics.SectionLabel("widgets") != "widgets" || !slices.Contains(metrics.SectionLabels(), "widgets") {
+		t.Fatalf("order-free %v, label %q", orderFree("widgets"), metrics.SectionLabel("widgets"))
 	}
-	refs := References([]byte(`{"id":"r1","widget_id":"w1","service_id":"s1"}`))
+	refs := references([]byte(`{"id":"r1","widget_id":"w1","service_id":"s1"}`))
 	if len(refs) != 2 || !slices.Contains(refs, Reference{Section: "widgets", ID: "w1"}) {
 		t.Fatalf("references %v", refs)
 	}

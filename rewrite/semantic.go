@@ -41,7 +41,7 @@ func fmix(h uint64) uint64 {
 
 // OrderFree reports whether section's items are compared as a set (§8.1, the table of
 // sections): a section confshim does not know keeps its order.
-func OrderFree(section string) bool {
+func orderFree(section string) bool {
 	s, _ := sections.Lookup(section)
 	return s.OrderFree
 }
@@ -62,7 +62,7 @@ func (h *semHasher) sectionFingerprint(section string, b []byte) uint64 {
 	if b[h.i] == ']' {
 		return tagEmpty
 	}
-	free := OrderFree(section)
+	free := orderFree(section)
 	var ordered, set uint64 = tagArray, 0
 	n := uint64(1)
 	for ; ; n++ {
