@@ -42,6 +42,17 @@ func (l *exchangeLog) since(n int) []string {
 	return append([]string(nil), l.lines[n:]...)
 }
 
+// stateReads counts the reads of the configuration (GET or HEAD /configs) since line n.
+func (l *exchangeLog) stateReads(n int) int {
+	reads := 0
+	for _, line := range l.since(n) {
+		if strings.HasPrefix(line, "GET /configs") || strings.HasPrefix(line, "HEAD /configs") {
+			reads++
+		}
+	}
+	return reads
+}
+
 func (l *exchangeLog) len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -219,12 +219,7 @@ func TestFirstSteadySyncAfterAFallbackReadsOnce(t *testing.T) {
 	n := log.len()
 	res := sync1(t, c, withRoutes(route("r1", "/b", unknownPlugin), route("r2", "/c", nil), route("r3", "/d", nil)))
 	mustNameHeld(t, res.Status, res.Body, "r1")
-	reads := 0
-	for _, line := range log.since(n) {
-		if strings.HasPrefix(line, "GET /configs") || strings.HasPrefix(line, "HEAD /configs") {
-			reads++
-		}
-	}
+	reads := log.stateReads(n)
 	if reads > 1 {
 		t.Fatalf("%d state reads in a steady sync after a fallback: %q", reads, log.since(n))
 	}

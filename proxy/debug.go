@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/internal/dataplane"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -330,11 +331,8 @@ func debugSections(res *rewrite.Result) []DebugSection {
 // errorMessage is APISIX's error_msg (or the whole answer when it is not that JSON),
 // cut at 256 bytes.
 func errorMessage(body []byte) string {
-	var e struct {
-		ErrorMsg string `json:"error_msg"`
-	}
-	if json.Unmarshal(body, &e) == nil && e.ErrorMsg != "" {
-		return clipString(e.ErrorMsg, maxDebugMessage)
+	if msg := apisix.ErrorMessage(body); msg != "" {
+		return clipString(msg, maxDebugMessage)
 	}
 	return clipString(string(body), maxDebugMessage)
 }

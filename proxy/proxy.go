@@ -106,6 +106,7 @@ type Proxy struct {
 	correctedLayout atomic.Pointer[rewrite.Layout] // the last body corrected before the PUT (§8.5)
 	debug           *debugLog                      // what /debug/config shows
 	trust           TrustMode                      // --trust-connection (state.go)
+	loopback        bool                           // --upstream is this host's loopback (IsLoopback)
 }
 
 // New validates cfg and returns the proxy; every error names the setting at fault.
@@ -185,6 +186,7 @@ func New(cfg Config) (*Proxy, error) {
 		bufs:     make(buffers, 3), // the PUT being read, the one being rewritten, its output
 		budget:   newBodyBudget(cfg.BodyBudgetBytes),
 		trust:    cfg.TrustConnection,
+		loopback: IsLoopback(u),
 	}
 	p.debug = &debugLog{}
 	api, err := apisix.New(apisix.Config{Upstream: u, Timeout: cfg.UpstreamTimeout, Transport: transport, Logger: cfg.Logger,

@@ -78,7 +78,7 @@ func (p *Proxy) trustReason() (trusted bool, why string) {
 	case TrustNever:
 		return false, "--trust-connection never: the state is read before every decision"
 	}
-	if !IsLoopback(p.upstream) {
+	if !p.loopback {
 		return false, "--upstream is not a loopback address: something may stand between confshim and APISIX"
 	}
 	if sign := p.api.Intermediary(); sign != "" {

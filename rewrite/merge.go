@@ -333,7 +333,7 @@ type unionPlan struct {
 // of the client's when items were kept (merged).
 func (d *decision) applyUnion(u unionPlan) (outcome, Change, bool, error) {
 	section, o, change, vi, ii, vR, present, vS, merged, kept := u.section, u.o, u.change, u.vi, u.ii, u.vR, u.present, u.vS, u.merged, u.kept
-	e, obj, in, res := d.e, &d.p.obj, d.in, d.res
+	e, obj, in := d.e, &d.p.obj, d.in
 	var next float64
 	switch {
 	case present && vR > vS && storable(vR) > vS && kept == 0 && in.Unread:
@@ -342,10 +342,8 @@ func (d *decision) applyUnion(u unionPlan) (outcome, Change, bool, error) {
 		return o, change, false, nil
 	case present && vR > vS && storable(vR) > vS:
 		next = storable(vR)
-		if now := storable(in.Now); in.Unread && now > next && now < maxVersion {
-			next = now // the union carries the clock's version, as a stamp would
-		} else if least, _ := nextStorable(vS); in.Unread && (next == least || in.Now == 0) {
-			res.unsure = true
+		if in.Unread {
+			next, _ = d.unreadVersion(next, vS) // the union carries the clock's version, as a stamp would
 		}
 	default:
 		var ok bool

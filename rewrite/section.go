@@ -225,14 +225,23 @@ func (d *decision) bumpVersion(vS float64) (float64, bool) {
 // would have picked (ADC clamps its version to the last one plus one when its clock is
 // behind).
 func (d *decision) stampClientVersion(section string, vi int, vR, vS float64) float64 {
-	now := storable(d.in.Now)
-	if now <= vR || now >= maxVersion {
-		if next, _ := nextStorable(vS); next == vR || d.in.Now == 0 {
-			d.res.unsure = true
-		}
-		return vR
+	v, clock := d.unreadVersion(vR, vS)
+	if clock {
+		d.e.setVersion(&d.p.obj, vi, section, v)
+		d.res.stamped = append(d.res.stamped, Change{Section: section, From: vR, To: v})
 	}
-	d.e.setVersion(&d.p.obj, vi, section, now)
-	d.res.stamped = append(d.res.stamped, Change{Section: section, From: vR, To: now})
-	return now
+	return v
+}
+
+// unreadVersion is max(vR, Now) for a changed section the client sent at vR > vS in a
+// decision taken unread; clock says Now chose it. Kept at vR, the decision is Unsure
+// when vR is vS+1 (what a hand-made PUT, or ADC's clamp, picks) or there is no clock.
+func (d *decision) unreadVersion(vR, vS float64) (v float64, clock bool) {
+	if now := storable(d.in.Now); now > vR && now < maxVersion {
+		return now, true
+	}
+	if next, _ := nextStorable(vS); next == vR || d.in.Now == 0 {
+		d.res.unsure = true
+	}
+	return vR, false
 }
