@@ -2,12 +2,16 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/wait"
+	"github.com/confshim/confshim/proxy"
 )
 
 // Contract §8.6: --merge sections are shared item by item between the client and
@@ -157,4 +161,50 @@ func TestMergeSecretsBesideTheOperatorsManager(t *testing.T) {
 	mustLand(t, res)
 	mustContain(t, res.Header.Get("X-Confshim-Actions"), "protos=preserved")
 	wantIDs(t, s.ids(t, "secrets"), "vault/controller", "vault/1")
+}
+
+func secretItem(id, token string) map[string]any {
+	return map[string]any{"id": id, "uri": "http://vault:8200", "prefix": "kv", "token": token}
+}
+
+// Issue 36: the operator's item in a merged section survives, with each
+// --trust-connection, whether it was written the instant before the client's sync
+// (the union must be made on a state shown current, not on the belief) or learnt by
+// the watch first, and whatever the client later drops of its own (the kept
+// configuration holds the union, not the client's copy).
+func TestMergeKeepsTheOperatorsItemInEveryTrust(t *testing.T) {
+	for _, section := range []string{"secrets", "global_rules"} {
+		for _, trust := range []proxy.TrustMode{proxy.TrustAuto, proxy.TrustAlways, proxy.TrustNever} {
+			for _, learnt := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/%s/watch-learnt=%v", section, trust, learnt), func(t *testing.T) {
+					s := newStack(t, stackOptions{merge: []string{section}, trust: trust, reseed: 20 * time.Millisecond, adminKey: adminKey})
+					c := s.client(true)
+					cfg := config("v1")
+					delete(cfg, section)
+					mustLand(t, sync1(t, c, cfg))
+					mine, theirs := secretItem("vault/ctrl", "ctrl"), secretItem("vault/1", "op")
+					if section == "global_rules" {
+						mine, theirs = rule("ctrl", "cors", 1), rule("platform-tracing", "zipkin", 1)
+					}
+					s.oobPut(t, func(doc map[string]any) {
+						doc[section+"_conf_version"] = doc[section+"_conf_version"].(float64) + 1
+						doc[section] = []any{theirs}
+					})
+					if learnt {
+						wait.For(t, "the watch learns the out-of-band write", func() bool {
+							return len(s.proxy.DebugConfig().OutOfBand) > 0
+						})
+					}
+					cfg[section] = []map[string]any{mine}
+					mustLand(t, sync1(t, c, cfg))
+					wantIDs(t, s.ids(t, section), mine["id"].(string), theirs["id"].(string))
+					cfg[section] = []map[string]any{} // the client drops its own item
+					mustLand(t, sync1(t, c, cfg))
+					wantIDs(t, s.ids(t, section), theirs["id"].(string))
+					mustLand(t, sync1(t, c, cfg)) // and again, decided on what the last sync left
+					wantIDs(t, s.ids(t, section), theirs["id"].(string))
+				})
+			}
+		}
+	}
 }

@@ -394,25 +394,25 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	pr.in.Buf = *buf
 	start := time.Now()
 	res, err := p.rw.Decide(pr.prepared, pr.in)
-	moved := false // the data plane holds something else than the belief
-	if err == nil && !verified && res.Unsure() {
+	if errors.Is(err, rewrite.ErrStateIncomplete) {
+		// the items the decision needs are in the kept configuration when it describes
+		// the state believed (after a fallback the record forgot a corrected section)
+		if ks := pr.tx.KeptState(); ks != nil {
+			pr.in.State = ks
+			res, err = p.rw.Decide(pr.prepared, pr.in)
+		}
+	}
+	if err == nil && !verified && (res.Unsure() || res.NeedsProof()) {
 		// a version decided unread that the clock did not choose could equal one a
-		// writer set meanwhile: look first
+		// writer set meanwhile, or the data plane's items went into the body: the
+		// decision stands only on a state shown current (§5.4), so look first
 		ok, herr := p.revalidate(ctx, pr.tx, pr.creds)
 		switch {
 		case herr != nil:
 			p.putBuf(buf)
 			return nil, herr
 		case !ok:
-			err, moved = rewrite.ErrStateIncomplete, true // decided again on a fresh read, just below
-		}
-	}
-	if errors.Is(err, rewrite.ErrStateIncomplete) && !moved {
-		// the items the decision needs are in the kept configuration when it describes
-		// the state believed (after a fallback the record forgot a corrected section)
-		if ks := pr.tx.KeptState(); ks != nil {
-			pr.in.State = ks
-			res, err = p.rw.Decide(pr.prepared, pr.in)
+			err = rewrite.ErrStateIncomplete // decided again on a fresh read, just below
 		}
 	}
 	if errors.Is(err, rewrite.ErrStateIncomplete) {

@@ -305,6 +305,9 @@ type Result struct {
 	// did not, so a decision taken unread must be checked first
 	stamped []Change
 	unsure  bool
+	// copies: a decision taken unread puts the data plane's items into the body (a
+	// merged union at a new version): it stands only on a state shown current (§5.4)
+	copies bool
 }
 
 // outcome is what the data plane will hold for one section after the forwarded PUT.
@@ -318,6 +321,7 @@ type outcome struct {
 	current  float64 // the data plane's version before the PUT (kept on a 204)
 	dpKnows  bool    // the data plane reported this section
 	kept     bool    // a merged section that keeps items the client never sent (§8.6)
+	union    []byte  // a merged section's items as sent, when not the client's own
 }
 
 // Rejection is one item APISIX rejects: its section, its index in the body's array,

@@ -105,6 +105,9 @@ type SectionOutcome struct {
 	// FromBody: APISIX took the section's items from the body (its version moved);
 	// otherwise it kept what it held.
 	FromBody bool
+	// Items are the section's items as sent when they are not the client's own (a
+	// merged union); nil: the body's.
+	Items []byte
 }
 
 // Unsure reports whether the decision sends a section the client changed at a version
@@ -113,12 +116,18 @@ type SectionOutcome struct {
 // "keep what you hold", so the caller checks the data plane first.
 func (r *Result) Unsure() bool { return r != nil && r.unsure }
 
+// NeedsProof reports whether a decision taken unread put the data plane's own items
+// into the body (a merged union sent at a new version, §8.6): sent at the clock's
+// version it would beat APISIX's check, so an out-of-band write since the belief was
+// confirmed would be overwritten. The caller shows the state current first (§5.4).
+func (r *Result) NeedsProof() bool { return r != nil && r.copies }
+
 // Outcomes lists the sections the data plane knows after a 202 to the forwarded body.
 func (r *Result) Outcomes() []SectionOutcome {
 	out := make([]SectionOutcome, 0, len(r.sections))
 	for _, o := range r.sections {
 		if o.dpKnows {
-			out = append(out, SectionOutcome{Section: o.section, Version: o.applied, FromBody: o.applied != o.current})
+			out = append(out, SectionOutcome{Section: o.section, Version: o.applied, FromBody: o.applied != o.current, Items: o.union})
 		}
 	}
 	return out

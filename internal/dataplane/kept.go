@@ -56,6 +56,8 @@ func (b *Belief) derive(o Outcome) *Kept {
 		next.Versions[o.Section] = o.Version
 		var items []byte
 		switch {
+		case o.FromBody && o.Items != nil: // a merged union: what was sent, not the client's items
+			items = bytes.Clone(o.Items)
 		case o.FromBody:
 			body, ok := prepared.JSONItems(o.Section)
 			if !ok {
