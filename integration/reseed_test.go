@@ -243,3 +243,73 @@ func TestCorruptStateFileIsIgnored(t *testing.T) {
 	mustContain(t, s.logs.String(), "cannot be read; ignored")
 	mustLand(t, sync1(t, s.client(true), config("v1")))
 }
+
+// Issue 36: a sync that finds the data plane empty while its re-seed fails is not
+// decided on the empty state (the preserved secrets would go out empty, and the kept
+// configuration with them): 503 with Retry-After, nothing forwarded, and the operator's
+// secret comes back with the next attempt.
+func TestSyncOnAnEmptyDataPlaneWhoseReseedFailsForwardsNothing(t *testing.T) {
+	var refuseOne atomic.Bool
+	s := newStack(t, stackOptions{reseed: time.Hour, adminKey: adminKey, wrap: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPut && refuseOne.CompareAndSwap(true, false) {
+				w.WriteHeader(http.StatusInternalServerError) // the re-seed PUT fails
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, config("v1")))
+	s.oobPut(t, func(doc map[string]any) {
+		doc["secrets_conf_version"] = doc["secrets_conf_version"].(float64) + 1
+		doc["secrets"] = []any{secretItem("vault/1", "op")}
+	})
+	mustLand(t, sync1(t, c, config("v2"))) // confshim sees the secret pass
+	refuseOne.Store(true)
+	s.restartDataPlane(t, restartDowntime)
+	puts := s.em.Puts()
+	res := sync1(t, c, config("v3"))
+	if res.Status != http.StatusServiceUnavailable || res.Header.Get("Retry-After") == "" {
+		t.Fatalf("a sync whose re-seed failed: %d %s (Retry-After %q), want 503 with Retry-After", res.Status, res.Body, res.Header.Get("Retry-After"))
+	}
+	if got := s.em.Puts(); got != puts {
+		t.Fatalf("%d PUTs reached the data plane, want none (the failed re-seed is answered by the wrap)", got-puts)
+	}
+	mustLand(t, sync1(t, c, config("v3"))) // the client's retry: re-seeded first, then decided
+	mustContain(t, jsonOf(s.doc(t)["secrets"]), `"token":"op"`)
+	if got, want := s.items(t, "routes"), routesOf("v3"); got != want {
+		t.Fatalf("routes %s, want %s", got, want)
+	}
+}
+
+// Issue 36: a PUT caught by a data-plane restart (the container went down with the PUT
+// in its socket) gets the answer of the APISIX that came back, not a 502: confshim
+// waits for it, re-seeds it and decides the sync again.
+func TestPutCaughtByARestartIsAnsweredByTheReturnedDataPlane(t *testing.T) {
+	var cut atomic.Bool
+	var s *stack
+	s = newStack(t, stackOptions{reseed: watch, adminKey: adminKey, wrap: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPut && cut.CompareAndSwap(true, false) {
+				s.restartDataPlane(t, time.Second) // a container takes a second or two
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, config("v1")))
+	s.oobPut(t, func(doc map[string]any) {
+		doc["secrets_conf_version"] = doc["secrets_conf_version"].(float64) + 1
+		doc["secrets"] = []any{secretItem("vault/1", "op")}
+	})
+	mustLand(t, sync1(t, c, config("v2")))
+	cut.Store(true)
+	res := sync1(t, c, config("v3"))
+	mustLand(t, res)
+	if got, want := s.items(t, "routes"), routesOf("v3"); got != want {
+		t.Fatalf("routes %s, want %s", got, want)
+	}
+	mustContain(t, jsonOf(s.doc(t)["secrets"]), `"token":"op"`)
+}

@@ -226,6 +226,11 @@ func (pr *putRequest) forward() *answer {
 			case errors.As(err, &refuse):
 				p.refuse(pr.w, refuse)
 				return nil
+			case errors.Is(err, errReseedPending):
+				p.log.Warn().Str("event", "reseed_pending").Msg("the data plane lost its configuration and re-seeding it did not succeed; nothing forwarded, the client retries")
+				pr.w.Header().Set("Retry-After", "1")
+				p.writeError(pr.w, http.StatusServiceUnavailable, "the data plane lost its configuration and restoring the kept one did not succeed yet; nothing was forwarded, retry")
+				return nil
 			case err != nil:
 				p.stateReadFailed(pr.w, pr.r, err)
 				return nil
@@ -246,6 +251,7 @@ func (pr *putRequest) forward() *answer {
 			redials++
 			pr.tx.Forget() // the PUT may have landed: what the read shows is not a stranger's
 			p.log.Info().Str("event", "redial").Str("error", apisix.SafeError(err)).Msg("the connection the data plane's state was read on closed; deciding again on a fresh read")
+			pr.awaitReturn()
 			continue
 		}
 		if err != nil {
@@ -318,6 +324,32 @@ func (pr *putRequest) forward() *answer {
 	}
 }
 
+// errReseedPending: the data plane was found empty and the kept configuration could not
+// be put back first; the sync is not decided on the empty state.
+var errReseedPending = errors.New("the data plane lost its configuration; re-seeding it did not succeed")
+
+// restartPatience is how long after its arrival a sync whose connection broke (a data
+// plane restarting, ≈ 1–2 s for a container) waits for the data plane to answer again
+// before a fresh decision: the client then gets the answer of the APISIX that came
+// back, not a 502.
+const restartPatience = 5 * time.Second
+
+// awaitReturn waits, within the PUT's deadline and restartPatience, until the data
+// plane answers HEAD /apisix/admin again (no key needed, nothing decoded).
+func (pr *putRequest) awaitReturn() {
+	deadline := pr.start.Add(restartPatience)
+	for time.Now().Before(deadline) {
+		if pr.p.api.Alive(pr.ctx, "", time.Second) {
+			return
+		}
+		select {
+		case <-pr.ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // decideAgain: a PUT of this sync met a version conflict, so the belief it was decided
 // on was stale: the state is read and the whole sync decided again, once (§5.4).
 func (pr *putRequest) decideAgain(stale staleBelief) {
@@ -367,9 +399,12 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 		// §8.4: the client's sync beat the watch to a restarted data plane; the kept
 		// configuration (out-of-band sections too) goes back first, then this sync is
 		// decided against it
-		if p.watch.ReseedLocked(ctx, pr.tx, time.Now(), &pr.creds) {
-			st = pr.tx.State()
+		if !p.watch.ReseedLocked(ctx, pr.tx, time.Now(), &pr.creds) {
+			// never decided on the empty state: the preserved and merged sections would
+			// go out empty, and the kept configuration with them (§5.4, §8.4)
+			return nil, errReseedPending
 		}
+		st = pr.tx.State()
 	}
 	if !pr.holdChecked {
 		pr.holdChecked = true
