@@ -11,7 +11,7 @@ PROMTOOL  ?= promtool
 SHELL     := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all build test run bench load soak lint monitoring fuzz integration docker clean
+.PHONY: all build test run bench load soak model lint monitoring fuzz integration docker clean
 
 all: lint test build
 
@@ -48,6 +48,16 @@ load:
 # at 20,000 routes. SOAK_SEED=<seed> replays a run.
 soak:
 	$(GO) test -tags soak -count=1 -run 'TestSoak|TestStateOnlyRestart|TestTrustAlways' -v -timeout 30m ./integration/ | grep -E '^(=== RUN|---|ok|FAIL|\s+soak_test)'
+
+# The contract as a model (integration/model_test.go) over every flag combination for
+# MODEL_DURATION (default 5m) per combination and seed, MODEL_SEEDS seeds drawn from the
+# clock (default 1); a failure prints MODEL_SEED and MODEL_FLAGS to replay it.
+MODEL_DURATION ?= 5m
+MODEL_SEEDS    ?= 1
+model:
+	for i in $$(seq $(MODEL_SEEDS)); do \
+		MODEL_RANDOM=1 MODEL_STEPS=100000000 MODEL_DURATION=$(MODEL_DURATION) $(GO) test -count=1 -run 'TestContractModel' -v -timeout 0 ./integration/ | grep -E '^(---|ok|FAIL|\s+model_test)' || exit 1; \
+	done
 
 # gofmt, go vet, staticcheck (pinned; go run fetches it from the module proxy on a fresh
 # machine) and go.mod/go.sum as go mod tidy would leave them.

@@ -319,3 +319,12 @@ func newServer(t testing.TB, h http.Handler) string {
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
+
+// tail is the last n lines of a log.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

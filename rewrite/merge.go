@@ -265,12 +265,17 @@ func (d *decision) decideMerged(section string, sl slots) (o outcome, change Cha
 		return d.decideMergedYAML(section, sl, owned, knows)
 	}
 	ownedNow := owned // nil without a memory of ownership: nothing is deleted
-	if !knows {
+	if !knows || ii < 0 {
+		// a body without the section's items says nothing of them (ADC 0.30 never
+		// sends secrets): the client's own stay as they are, like everyone else's
 		ownedNow = nil
 	}
 	merged, ids, kept, keptIDs, err := union(section, client, in.State.Items[section], ownedNow)
 	if err != nil {
 		return o, change, false, &SkipError{Reason: err.Error()}
+	}
+	if ii < 0 && knows {
+		ids = owned // and they stay the client's
 	}
 	res.owned[section] = ids
 	res.Merges = append(res.Merges, MergeReport{Section: section, ClientOwned: len(ids), Kept: kept, Unowned: !knows && kept > 0, KeptIDs: keptIDs})

@@ -49,6 +49,11 @@ type Options struct {
 	// on the emulator's one worker as APISIX spends it (spec §11: ≈ 25 ms per MB on a
 	// real 3.17): 0 means that figure, a negative value nothing.
 	DecodeCost time.Duration
+	// LoadTime models a restarted APISIX that takes a moment to load: for this long
+	// after Restart every request waits (nginx and its workers starting) before it is
+	// served, so a client that reaches the port at once meets a slow first answer. 0:
+	// ready at once.
+	LoadTime time.Duration
 }
 
 // apisixDecodeCost is spec §11's measured cost of get_config() per MiB stored.
@@ -69,8 +74,9 @@ type Emulator struct {
 	ver      string
 
 	mu      sync.Mutex
-	stored  []byte // the shared dict's "config" value; nil when nothing is stored
-	doc     table  // stored, decoded
+	stored  []byte    // the shared dict's "config" value; nil when nothing is stored
+	loaded  time.Time // a restarted instance serves from then on (Options.LoadTime)
+	doc     table     // stored, decoded
 	reloads map[string]int
 	lastPut *Request
 	puts    int
@@ -217,6 +223,21 @@ func (e *Emulator) Restart() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.stored, e.doc, e.prevDoc = nil, nil, nil
+	e.loaded = time.Now().Add(e.opts.LoadTime)
+}
+
+// awaitLoaded holds a request that reached a restarted instance still loading.
+func (e *Emulator) awaitLoaded(r *http.Request) {
+	e.mu.Lock()
+	wait := time.Until(e.loaded)
+	e.mu.Unlock()
+	if wait <= 0 {
+		return
+	}
+	select {
+	case <-time.After(wait):
+	case <-r.Context().Done():
+	}
 }
 
 // Document returns a copy of the stored document as GET would decode it (nil when
@@ -245,6 +266,7 @@ const nginx500 = "<html>\r\n<head><title>500 Internal Server Error</title></head
 
 // ServeHTTP routes like APISIX's admin server (INIT http_admin, AI standalone_uri_route).
 func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	e.awaitLoaded(r)
 	h := w.Header()
 	h.Set("Server", "APISIX/"+e.ver)
 	h.Set("Content-Type", "application/json")
