@@ -550,7 +550,10 @@ func runModel(t *testing.T, flags modelFlags, seed uint64, steps int, budget tim
 	k := &modelRun{t: t, flags: flags, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), s: s, hook: hook,
 		m: &contractModel{flags: flags}, want: desired{variant: "v0"}}
 	hook.write = func() { k.operatorWrite(); k.note("operator write %d from the wrap", k.m.op) }
-	hook.restart = func() { k.note("restart with the PUT in its socket"); s.restartDataPlane(t, time.Duration(200+k.rng.IntN(800))*time.Millisecond) }
+	hook.restart = func() {
+		k.note("restart with the PUT in its socket")
+		s.restartDataPlane(t, time.Duration(200+k.rng.IntN(800))*time.Millisecond)
+	}
 	k.clients = [2]*adcclient.Client{adcclient.New(s.proxyURL, adminKey), adcclient.New030(s.proxyURL, adminKey)}
 	k.m.landed = []desired{{variant: "v0"}} // replaced by the first sync
 	k.sync("first")

@@ -89,7 +89,6 @@ func (k *soak) fail(format string, a ...any) {
 	k.t.Fatalf("seed %d (replay: SOAK_SEED=%d make soak): %s\nconfshim log tail:\n%s", k.seed, k.seed, fmt.Sprintf(format, a...), tail(k.bin.logs.String(), 40))
 }
 
-
 // startConfshim (re)starts the binary on the same address, with or without the state dir.
 func (k *soak) startConfshim(withDir bool) {
 	if k.bin != nil {
