@@ -323,3 +323,35 @@ func TestFallbackKeepsHoldingWhatItHeldBeforeAnotherRejection(t *testing.T) {
 	}
 	mustContain(t, s.items(t, "routes"), `"/old"`)
 }
+
+// Issue 36: an operator write during a fallback's validate calls is not overwritten by
+// the corrected PUT, whose merged union goes at a version that beats APISIX's check:
+// before it, a HEAD shows whether the data plane still holds the state the sync was
+// decided on, and when it does not the sync is decided again on a fresh read.
+func TestOperatorWriteDuringTheFallbackSurvivesTheCorrectedPut(t *testing.T) {
+	var during atomic.Bool
+	var s *stack
+	s = newStack(t, stackOptions{fallback: true, merge: []string{"global_rules"}, wrap: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// the fallback's validate, not the probe's empty one
+			if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/validate") && r.ContentLength > 2 && during.CompareAndSwap(true, false) {
+				addPlatformRule(t, s) // straight to APISIX, while confshim asks which item it rejects
+			}
+			next.ServeHTTP(w, r)
+		})
+	}})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 1))))
+	during.Store(true)
+	cfg := withRules(rule("prometheus", "prometheus", 1), rule("cors", "cors", 1)) // the union changes
+	cfg["routes"] = []map[string]any{route("r1", "/v1", nil), route("r-bad", "/bad", unknownPlugin)}
+	res := sync1(t, c, cfg)
+	if res.Status != http.StatusBadRequest || !strings.Contains(string(res.Body), "r-bad") {
+		t.Fatalf("answer %d %s, want the rejection naming r-bad", res.Status, res.Body)
+	}
+	if during.Load() {
+		t.Fatal("the fallback made no validate call")
+	}
+	wantIDs(t, s.ids(t, "global_rules"), "prometheus", "cors", "platform-tracing")
+	wantIDs(t, s.ids(t, "routes"), "r1")
+}

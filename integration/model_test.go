@@ -304,7 +304,7 @@ func (h *modelHook) wrap(next http.Handler) http.Handler {
 		}
 		if r.Header.Get("X-Model-Operator") == "" { // not the operator's own write
 			isPut := r.Method == http.MethodPut && r.URL.Path == "/apisix/admin/configs"
-			isValidate := r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/validate")
+			isValidate := r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/validate") && r.ContentLength > 2 // not the probe's
 			if (isPut && h.oobBefore.CompareAndSwap(1, 0)) || (isValidate && h.oobBefore.CompareAndSwap(2, 0)) {
 				h.write()
 				h.fired.Store(true)
@@ -490,12 +490,12 @@ func (k *modelRun) step() {
 		k.hook.fired.Store(false)
 		k.hook.oobBefore.Store(mode)
 		k.want.variant = fmt.Sprintf("v%d", k.rng.IntN(50))
-		k.sync(map[int32]string{1: "an operator write racing the PUT", 2: "an operator write during the fallback's validate"}[mode])
-		k.hook.oobBefore.Store(0)
-		if !k.hook.fired.Load() {
-			k.m.op-- // never written: the sync sent no such request
-			k.m.pending = k.m.pending[:len(k.m.pending)-1]
+		if k.flags.merge && k.rng.IntN(2) == 0 {
+			k.want.secret = k.rng.IntN(4) // a merged union that changes
 		}
+		k.want.bad = k.flags.fallback && mode == 2 || k.want.bad
+		k.sync(map[int32]string{1: "an operator write racing the PUT", 2: "an operator write during the fallback's validate"}[mode])
+		k.hook.oobBefore.Store(0) // not fired when the sync sent no such request: nothing written
 	case n < 72:
 		k.leader = 1 - k.leader
 		k.sync("leader change")

@@ -117,7 +117,7 @@ func (b backfill) correct(out outgoingPut, res *rewrite.Result, respBody []byte)
 		if !b.affords("the corrected PUT") {
 			return nil, nil // nothing corrected was sent: the first answer stands
 		}
-		if holds, err := p.stillHolds(ctx, pr.creds, pr.tx.Digest(), pr.tx.LastModified()); err != nil || !holds {
+		if holds, err := p.stillHolds(ctx, pr.creds, pr.tx.Digest(), pr.tx.LastModified(), res.SendsUnion()); err != nil || !holds {
 			return nil, staleBelief{} // APISIX closed the connection, and what it holds moved: decide again
 		}
 		r2, done, err := b.timedPut(next) // the PUT's own deadline: never cut by the budget
@@ -589,7 +589,7 @@ func (b backfill) secondStep(fb *fallbackResult, res *rewrite.Result) (*fallback
 		return nil, nil
 	}
 	next := outgoingPut{body: body, digest: fb.out.digest + "+2", setDigest: fb.out.setDigest}
-	if holds, err := p.stillHolds(ctx, pr.creds, fb.ans.Header.Get("X-Digest"), fb.ans.Header.Get("X-Last-Modified")); err != nil || !holds {
+	if holds, err := p.stillHolds(ctx, pr.creds, fb.ans.Header.Get("X-Digest"), fb.ans.Header.Get("X-Last-Modified"), res.SendsUnion()); err != nil || !holds {
 		return nil, staleBelief{landed: true}
 	}
 	r2, done, err := b.timedPut(next)

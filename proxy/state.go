@@ -135,13 +135,15 @@ func (p *Proxy) revalidate(ctx context.Context, tx *dataplane.Tx, creds apisix.C
 	return false, nil
 }
 
-// stillHolds is checked before a PUT that continues a sync after an answer announced
-// that the decide connection closes: the PUT will go on a new connection, so the data
-// plane is asked first whether it still holds what the sync's last answer left
-// (digest and X-Last-Modified); false means it does not (it restarted, or someone
-// wrote), and the sync is decided again on a fresh read.
-func (p *Proxy) stillHolds(ctx context.Context, creds apisix.Credentials, digest, lastModified string) (bool, error) {
-	if !p.api.Closing() {
+// stillHolds is checked before a PUT that continues a sync: the data plane is asked
+// whether it still holds what the sync's last answer left (digest and X-Last-Modified)
+// when that PUT goes on a new connection (an answer announced that the decide
+// connection closes), or when it carries the data plane's own items at a version that
+// beats APISIX's check (a merged union, §5.4: an out-of-band write during the
+// fallback's validate calls would be overwritten). false means it does not (it
+// restarted, or someone wrote), and the sync is decided again on a fresh read.
+func (p *Proxy) stillHolds(ctx context.Context, creds apisix.Credentials, digest, lastModified string, carriesUnion bool) (bool, error) {
+	if !p.api.Closing() && !carriesUnion {
 		return true, nil
 	}
 	head, _, err := p.api.Head(ctx, apisix.Decide, creds)

@@ -322,6 +322,7 @@ type outcome struct {
 	dpKnows  bool    // the data plane reported this section
 	kept     bool    // a merged section that keeps items the client never sent (§8.6)
 	union    []byte  // a merged section's items as sent, when not the client's own
+	shared   bool    // a --merge section (§8.6)
 }
 
 // Rejection is one item APISIX rejects: its section, its index in the body's array,

@@ -239,7 +239,7 @@ func (d *decision) decideMerged(section string, sl slots) (o outcome, change Cha
 		return o, change, false, err
 	}
 	vS, dpKnows := o.current, o.dpKnows
-	o.recorded = true
+	o.recorded, o.shared = true, true
 	var client []byte
 	client, o.sum = rw.itemsOf(p, ii)
 	owned, knows := in.Owned[section]

@@ -122,6 +122,21 @@ func (r *Result) Unsure() bool { return r != nil && r.unsure }
 // confirmed would be overwritten. The caller shows the state current first (§5.4).
 func (r *Result) NeedsProof() bool { return r != nil && r.copies }
 
+// SendsUnion reports whether the body carries a merged section's union at a new
+// version: a later PUT of the same sync (a fallback's) stands only on a state shown
+// unchanged since the decision.
+func (r *Result) SendsUnion() bool {
+	if r == nil {
+		return false
+	}
+	for _, o := range r.sections {
+		if o.shared && o.applied != o.current {
+			return true
+		}
+	}
+	return false
+}
+
 // Outcomes lists the sections the data plane knows after a 202 to the forwarded body.
 func (r *Result) Outcomes() []SectionOutcome {
 	out := make([]SectionOutcome, 0, len(r.sections))
