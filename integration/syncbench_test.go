@@ -165,7 +165,7 @@ func BenchmarkDecodes(b *testing.B) {
 
 // oobSecret registers the i-th secrets manager straight on the data plane, at the
 // next secrets version, every other section kept (a versions-only PUT).
-func oobSecret(b *testing.B, s *stack, i int) {
+func oobSecret(b testing.TB, s *stack, i int) {
 	v := s.em.SectionVersion("secrets") + 1
 	body := fmt.Sprintf(`{"secrets_conf_version":%v,"secrets":[{"id":"vault/%d","uri":"http://vault:8200","prefix":"kv","token":"t"}]`, v, i)
 	for _, section := range emulator.Sections {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -241,4 +242,60 @@ func TestFirstSteadySyncAfterAFallbackReadsOnce(t *testing.T) {
 		t.Fatalf("%d state reads in a steady sync after a fallback: %q", reads, log.since(n))
 	}
 	t.Logf("state reads on a steady sync after a fallback: %d (%q)", reads, log.since(n))
+}
+
+// Issue 36 (§8.5, true to the letter): the worst fallback sync — an out-of-band write
+// racing it, a held route, the metrics rule renamed (its plugin still on the old rule
+// until the first step is applied: the second step), ADC 0.30's ?wait on each PUT —
+// whose second step the budget leaves no room for is answered with the rejection
+// naming the rule and the route, never a 2xx; once the workers applied the first step,
+// the next sync lands the rule.
+func TestWorstFallbackWhoseSecondStepDoesNotFitNamesTheRule(t *testing.T) {
+	for _, tc := range []struct {
+		version string
+		route   bool
+	}{{"3.17.0", true}, {"3.19.0", false}} {
+		version := tc.version
+		t.Run(fmt.Sprintf("%s/held-route=%v", version, tc.route), func(t *testing.T) {
+			var racing atomic.Bool
+			var s *stack
+			s = newStack(t, stackOptions{version: version, fallback: true, fallbackBudget: 400 * time.Millisecond, appliedLag: 700 * time.Millisecond, reseed: time.Hour,
+				wrap: func(next http.Handler) http.Handler {
+					return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+						if r.Method == http.MethodPut && r.Header.Get("X-Digest") != "" && !strings.HasPrefix(r.Header.Get("X-Digest"), "oob") && racing.CompareAndSwap(true, false) {
+							oobSecret(t, s, 1) // the operator, just before the PUT
+						}
+						next.ServeHTTP(w, r)
+					})
+				}})
+			c := adcclient.New030(s.proxyURL, adminKey)
+			before, after := renameMetricsRule(false)
+			mustLand(t, sync1(t, c, before))
+			wait.For(t, "the workers to apply the first configuration", s.em.Applied)
+			held := []string{"prometheus"}
+			if tc.route {
+				after["routes"] = append(after["routes"], route("r-bad", "/bad", unknownPlugin))
+				held = append(held, "r-bad")
+			}
+			racing.Store(true)
+			res := sync1(t, c, after)
+			if res.Status/100 == 2 {
+				t.Fatalf("answered %d while the rule waits for its second step: %s", res.Status, s.items(t, "global_rules"))
+			}
+			mustNameHeld(t, res.Status, res.Body, held...)
+			if strings.Contains(s.items(t, "global_rules"), `"prefer_name"`) {
+				t.Fatal("the test wants the second step not to fit in the budget, yet the rule landed")
+			}
+			mustContain(t, s.items(t, "secrets"), "vault/1") // the racing write survives
+			wait.For(t, "the workers to apply the first step", s.em.Applied)
+			if tc.route {
+				after["routes"] = after["routes"][:len(after["routes"])-1] // the route fixed
+			}
+			mustLand(t, sync1(t, c, after))
+			rules := s.items(t, "global_rules")
+			if !strings.Contains(rules, `"prefer_name"`) || strings.Contains(rules, `"id":"1"`) {
+				t.Fatalf("global rules after the next sync: %s, want the renamed rule only", rules)
+			}
+		})
+	}
 }
