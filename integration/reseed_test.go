@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/confshim/confshim/internal/testsupport/wait"
+	"github.com/confshim/confshim/proxy"
 )
 
 // The §8.4 stories: a data plane that restarted empty is re-seeded by confshim, with no
@@ -312,4 +313,33 @@ func TestPutCaughtByARestartIsAnsweredByTheReturnedDataPlane(t *testing.T) {
 		t.Fatalf("routes %s, want %s", got, want)
 	}
 	mustContain(t, jsonOf(s.doc(t)["secrets"]), `"token":"op"`)
+}
+
+// Issue 36: a re-seed never restores an older copy of an item than one confshim saw:
+// the operator rotates the secret, the client's next sync reads the data plane (it
+// sees the new token) but APISIX rejects that sync (a route it cannot load, no
+// fallback), and the data plane restarts. The kept configuration follows the read,
+// so the re-seed brings the new token back, not the one of the last accepted sync.
+func TestReseedRestoresWhatTheLastReadSaw(t *testing.T) {
+	s := newStack(t, stackOptions{reseed: watch, adminKey: adminKey, trust: proxy.TrustNever})
+	c := s.client(true)
+	rotate := func(token string) {
+		s.oobPut(t, func(doc map[string]any) {
+			doc["secrets_conf_version"] = doc["secrets_conf_version"].(float64) + 1
+			doc["secrets"] = []any{secretItem("vault/1", token)}
+		})
+	}
+	mustLand(t, sync1(t, c, config("v1")))
+	rotate("token-9")
+	mustLand(t, sync1(t, c, config("v2"))) // kept: token-9
+	watchTicks(t, s, 3)
+	rotate("token-11")
+	bad := config("v3")
+	bad["routes"] = append(bad["routes"], route("r-bad", "/bad", unknownPlugin))
+	if res := sync1(t, c, bad); res.Status != http.StatusBadRequest {
+		t.Fatalf("the sync with a route APISIX cannot load: %d, want its 400", res.Status)
+	}
+	s.restartDataPlane(t, restartDowntime)
+	waitRestored(t, s)
+	mustContain(t, jsonOf(s.doc(t)["secrets"]), `"token":"token-11"`)
 }

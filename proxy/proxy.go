@@ -223,6 +223,9 @@ func New(cfg Config) (*Proxy, error) {
 		ErrorHandler:  p.passthroughError,
 		ModifyResponse: func(resp *http.Response) error {
 			p.api.NoteAnswer(resp)
+			if resp.StatusCode == http.StatusOK && resp.Request != nil && strings.HasSuffix(resp.Request.URL.Path, ConfigsPath) {
+				p.dp.SawState(resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified"))
+			}
 			return nil
 		},
 		ErrorLog: StdLogger(cfg.Logger),

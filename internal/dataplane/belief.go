@@ -226,7 +226,32 @@ func (t *Tx) Forget() {
 func (t *Tx) Read(st *rewrite.State, digest, lastModified string, noHead bool, conn uint64) []Move {
 	b := t.b
 	defer b.publish()
-	return b.read(st, digest, lastModified, noHead, conn)
+	moved := b.read(st, digest, lastModified, noHead, conn)
+	if b.keep && st.ItemsKnown && lastModified != "" && !b.keptDescribes(digest, lastModified) {
+		// a read shows the data plane as it is: a re-seed must never put back less
+		// than confshim has seen (§8.4), whatever the sync that read it does next
+		b.setKept(KeptFromState(st, digest, lastModified, b.owned))
+	}
+	return moved
+}
+
+// keptDescribes: the kept configuration is the data plane's state of that metadata.
+func (b *Belief) keptDescribes(digest, lastModified string) bool {
+	return b.kept != nil && b.kept.Digest == digest && b.kept.LastModified == lastModified
+}
+
+// SawState is told the metadata of a configuration answer that passed through confshim
+// (a client's GET or HEAD of /apisix/admin/configs), without the lock: one that is not
+// the kept configuration's shows a write confshim has not kept, and the watch reads it
+// back at its next tick rather than at its next scheduled look.
+func (b *Belief) SawState(digest, lastModified string) {
+	if !b.keep || lastModified == "" {
+		return
+	}
+	if snap := b.snap.Load(); snap != nil && snap.Kept != nil && snap.Kept.Digest == digest && snap.Kept.LastModified == lastModified {
+		return
+	}
+	b.refreshDue.Store(true)
 }
 
 func (b *Belief) read(st *rewrite.State, digest, lastModified string, noHead bool, conn uint64) []Move {

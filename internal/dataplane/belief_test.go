@@ -235,3 +235,29 @@ func TestTheLockIsOneAtATime(t *testing.T) {
 	}
 	tx.Unlock()
 }
+
+// Issue 36: a read keeps the kept configuration current (a re-seed never puts back
+// less than confshim saw), except a read of an empty data plane; an answer that passed
+// through confshim with other metadata than the kept configuration's asks the watch to
+// read it back, one with the kept metadata does not.
+func TestAReadKeepsTheKeptConfigurationCurrent(t *testing.T) {
+	tx := newBelief(t)
+	tx.Read(readState(t, stored), "d0", "100", false, 1)
+	if k := tx.Kept(); k == nil || k.Digest != "d0" || k.LastModified != "100" || k.Versions["secrets"] != 1 {
+		t.Fatalf("kept after a read: %+v", k)
+	}
+	tx.Read(readState(t, `{"routes_conf_version":0,"secrets_conf_version":0}`), "", "", false, 2) // restarted empty
+	if k := tx.Kept(); k == nil || k.Digest != "d0" {
+		t.Fatalf("an empty read replaced the kept configuration: %+v", k)
+	}
+	b := tx.b
+	b.refreshDue.Store(false)
+	b.SawState("d0", "100")
+	if b.RefreshDue() {
+		t.Fatal("an answer with the kept metadata asked for a read-back")
+	}
+	b.SawState("oob", "101")
+	if !b.RefreshDue() {
+		t.Fatal("an answer with other metadata did not ask for a read-back")
+	}
+}
