@@ -87,7 +87,7 @@ func modelCombinations() []modelFlags {
 type desired struct {
 	variant string
 	bad     bool
-	secret  int // vault/ctrl's token (0: none), sent by an ADC 0.28 leader (ADC 0.30 never sends secrets: the last one's stays)
+	secret  int // vault/ctrl's token (0: none), sent by an ADC 0.28 leader (ADC 0.30 never sends secrets)
 	gen     adcclient.Generation
 }
 
@@ -237,7 +237,7 @@ func mustJSON(v any) []byte {
 
 // answered tells the model how a sync of d was answered; it returns what is wrong
 // with the answer itself, or "".
-func (m *contractModel) answered(d desired, status int, body string) string {
+func (m *contractModel) answered(d desired, status int, body, actions string) string {
 	switch {
 	case status/100 == 2:
 		if d.bad && !(m.flags.fallback && m.flags.answer == proxy.AnswerAccepted) {
@@ -251,8 +251,12 @@ func (m *contractModel) answered(d desired, status int, body string) string {
 		if m.flags.fallback && m.flags.answer == proxy.AnswerAccepted {
 			return fmt.Sprintf("--fallback-answer accepted answered 400: %s", body)
 		}
-		if m.flags.fallback {
+		if m.flags.fallback && strings.Contains(actions, "=backfilled") {
 			m.synced(d) // the rest landed (§8.5)
+		} else if m.flags.fallback {
+			// APISIX's own first answer (failing safe, §8.5): nothing was applied, or the
+			// answer of a sync decided again whose outcome the header does not show
+			m.landed = append(m.landed, d)
 		}
 	case status == http.StatusBadRequest:
 		return fmt.Sprintf("a sync APISIX can take was rejected: %s", body)
@@ -304,7 +308,10 @@ func (h *modelHook) wrap(next http.Handler) http.Handler {
 		}
 		if r.Header.Get("X-Model-Operator") == "" { // not the operator's own write
 			isPut := r.Method == http.MethodPut && r.URL.Path == "/apisix/admin/configs"
-			isValidate := r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/validate") && r.ContentLength > 2 // not the probe's
+			// the fallback's validate: not the probe's empty one, not ADC 0.30's own
+			// re-validation after the answer (a passthrough, with the client's User-Agent)
+			isValidate := r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/validate") && r.ContentLength > 2 &&
+				!strings.HasPrefix(r.UserAgent(), adcclient.UserAgent)
 			if (isPut && h.oobBefore.CompareAndSwap(1, 0)) || (isValidate && h.oobBefore.CompareAndSwap(2, 0)) {
 				h.write()
 				h.fired.Store(true)
@@ -406,20 +413,24 @@ func (k *modelRun) sync(what string) {
 	k.t.Helper()
 	d := k.want
 	d.gen = k.client().Gen
-	if d.gen == adcclient.Gen030 {
-		// ADC 0.30 never sends secrets: the client's secret stays as the last ADC 0.28
-		// sync left it (a section the body does not carry is not the client's to change)
-		d.secret = k.m.landed[0].secret
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	res, err := k.client().Sync(ctx, d.config(k.flags.merge))
 	cancel()
-	status, body := 0, ""
+	status, body, sent, actions := 0, "", "", ""
 	if err == nil {
-		status, body = res.Status, string(res.Body)
+		status, body, actions = res.Status, string(res.Body), res.Header.Get("X-Confshim-Actions")
+		var doc map[string]json.RawMessage
+		_ = json.Unmarshal(res.Sent, &doc)
+		sent = fmt.Sprintf("secrets %.120s at %s", doc["secrets"], doc["secrets_conf_version"])
+		if _, has := doc["secrets"]; !has {
+			// a body without the secrets' items says nothing of them (ADC 0.30 never
+			// sends secrets; ADC 0.28 echoes a cache filled from an empty data plane):
+			// the client's secret stays as the last sync that carried it left it
+			d.secret = k.m.landed[0].secret
+		}
 	}
-	k.note("%s: %s sync %+v → %d %.160s", what, d.gen, d, status, body)
-	if msg := k.m.answered(d, status, body); msg != "" {
+	k.note("%s: %s sync %+v (%s) → %d %.160s", what, d.gen, d, sent, status, body)
+	if msg := k.m.answered(d, status, body, actions); msg != "" {
 		k.fail("%s", msg)
 	}
 	if status/100 == 2 || status == http.StatusBadRequest {

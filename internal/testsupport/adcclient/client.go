@@ -37,6 +37,9 @@ var Modelled = []string{"routes", "services", "upstreams", "consumers", "ssls", 
 // secrets, plugin_configs, consumer_groups, protos or plugins.
 var Sections030 = []string{"routes", "services", "upstreams", "ssls", "consumers", "global_rules", "plugin_metadata", "stream_routes"}
 
+// UserAgent starts the User-Agent of every request a Client sends.
+const UserAgent = "adcclient/"
+
 // Generation is the ADC release a Client behaves like.
 type Generation int
 
@@ -130,6 +133,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr m
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/plain, */*")
+	req.Header.Set("User-Agent", UserAgent+c.Gen.String()) // a test between confshim and APISIX tells the client's requests apart
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
