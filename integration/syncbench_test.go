@@ -96,11 +96,14 @@ func BenchmarkSync(b *testing.B) {
 func BenchmarkDecodes(b *testing.B) {
 	flip := map[string]string{"a": "b", "b": "a"}
 	for _, n := range []int{10000, 40000} {
-		for _, scenario := range []string{"identical", "one-route", "reordered", "oob-between", "idle"} {
+		for _, scenario := range []string{"identical", "one-route", "reordered", "oob-between", "idle", "merged-change", "merged-untouched"} {
 			for _, path := range []string{"direct", "confshim", "confshim-never"} {
 				through, never := path != "direct", path == "confshim-never"
-				if never && scenario != "identical" && scenario != "one-route" {
+				if never && scenario != "identical" && scenario != "one-route" && !strings.HasPrefix(scenario, "merged-") {
 					continue // --trust-connection never: what reading before every decision costs
+				}
+				if !through && strings.HasPrefix(scenario, "merged-") {
+					continue // straight, the client's stale secrets version is refused: one-route is the row to read beside them
 				}
 				name := fmt.Sprintf("%dk/%s/%s", n/1000, scenario, path)
 				b.Run(name, func(b *testing.B) {
@@ -117,10 +120,27 @@ func BenchmarkDecodes(b *testing.B) {
 							opts.reseed, opts.safety = tick, minute
 						}
 					}
+					// --merge secrets with an operator's secret beside the client's: a sync
+					// that changes the merged section (its union must stand on a state
+					// shown current, §5.4) and one that changes only a route
+					merged := strings.HasPrefix(scenario, "merged-")
+					secretToken := "a"
+					withSecret := func(cfg adcclient.Config) adcclient.Config {
+						if merged {
+							cfg["secrets"] = []map[string]any{secretItem("vault/ctrl", secretToken)}
+						}
+						return cfg
+					}
+					if merged && through {
+						opts.merge = []string{"secrets"}
+					}
 					s := newStack(b, opts)
 					c := s.client(through)
-					mustLand(b, sync1(b, c, largeConfig(n, "a")))
-					mustLand(b, sync1(b, c, largeConfig(n, "a")))
+					mustLand(b, sync1(b, c, withSecret(largeConfig(n, "a"))))
+					if merged {
+						oobSecret(b, s, 0)
+					}
+					mustLand(b, sync1(b, c, withSecret(largeConfig(n, "a"))))
 					if scenario == "idle" {
 						before, start := s.em.Costs().Decodes(), time.Now()
 						for b.Loop() {
@@ -141,13 +161,18 @@ func BenchmarkDecodes(b *testing.B) {
 							if syncs%2 == 0 {
 								slices.Reverse(cfg["upstreams"])
 							}
+						case "merged-change":
+							secretToken = flip[secretToken]
+						case "merged-untouched":
+							variant = flip[variant]
+							cfg = largeConfig(n, variant)
 						case "oob-between": // an operator's hand write between two syncs (not counted)
 							b.StopTimer()
 							oobSecret(b, s, syncs)
 							b.StartTimer()
 						}
 						before, reloaded := s.em.Costs().Decodes(), s.em.TotalReloads()
-						res := sync1(b, c, cfg)
+						res := sync1(b, c, withSecret(cfg))
 						if through || scenario != "oob-between" { // straight, that sync is refused
 							mustLand(b, res)
 						}
