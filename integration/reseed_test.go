@@ -262,10 +262,7 @@ func TestSyncOnAnEmptyDataPlaneWhoseReseedFailsForwardsNothing(t *testing.T) {
 	}})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, config("v1")))
-	s.oobPut(t, func(doc map[string]any) {
-		doc["secrets_conf_version"] = doc["secrets_conf_version"].(float64) + 1
-		doc["secrets"] = []any{secretItem("vault/1", "op")}
-	})
+	s.writeSecret(t, "op")
 	mustLand(t, sync1(t, c, config("v2"))) // confshim sees the secret pass
 	refuseOne.Store(true)
 	s.restartDataPlane(t, restartDowntime)
@@ -301,10 +298,7 @@ func TestPutCaughtByARestartIsAnsweredByTheReturnedDataPlane(t *testing.T) {
 	}})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, config("v1")))
-	s.oobPut(t, func(doc map[string]any) {
-		doc["secrets_conf_version"] = doc["secrets_conf_version"].(float64) + 1
-		doc["secrets"] = []any{secretItem("vault/1", "op")}
-	})
+	s.writeSecret(t, "op")
 	mustLand(t, sync1(t, c, config("v2")))
 	cut.Store(true)
 	res := sync1(t, c, config("v3"))
@@ -323,17 +317,11 @@ func TestPutCaughtByARestartIsAnsweredByTheReturnedDataPlane(t *testing.T) {
 func TestReseedRestoresWhatTheLastReadSaw(t *testing.T) {
 	s := newStack(t, stackOptions{reseed: watch, adminKey: adminKey, trust: proxy.TrustNever})
 	c := s.client(true)
-	rotate := func(token string) {
-		s.oobPut(t, func(doc map[string]any) {
-			doc["secrets_conf_version"] = doc["secrets_conf_version"].(float64) + 1
-			doc["secrets"] = []any{secretItem("vault/1", token)}
-		})
-	}
 	mustLand(t, sync1(t, c, config("v1")))
-	rotate("token-9")
+	s.writeSecret(t, "token-9")
 	mustLand(t, sync1(t, c, config("v2"))) // kept: token-9
 	watchTicks(t, s, 3)
-	rotate("token-11")
+	s.writeSecret(t, "token-11")
 	bad := config("v3")
 	bad["routes"] = append(bad["routes"], route("r-bad", "/bad", unknownPlugin))
 	if res := sync1(t, c, bad); res.Status != http.StatusBadRequest {

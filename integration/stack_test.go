@@ -221,6 +221,16 @@ func (s *stack) oobPut(t testing.TB, change func(doc map[string]any)) {
 	adminPut(t, s.dpURL, string(body), fmt.Sprintf("oob-%d", time.Now().UnixNano()))
 }
 
+// writeSecret is the operator's vault manager written (or its token rotated) straight on
+// the data plane, every other section kept.
+func (s *stack) writeSecret(t testing.TB, token string) {
+	t.Helper()
+	s.oobPut(t, func(doc map[string]any) {
+		doc["secrets_conf_version"] = doc["secrets_conf_version"].(float64) + 1
+		doc["secrets"] = []any{secretItem("vault/1", token)}
+	})
+}
+
 // configsPut sends one PUT /apisix/admin/configs with the admin key and a digest, and
 // reads the answer to its end (so that the connection is reused).
 func configsPut(base string, body []byte, digest string) (int, http.Header, error) {
