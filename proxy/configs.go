@@ -399,12 +399,16 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 		// §8.4: the client's sync beat the watch to a restarted data plane; the kept
 		// configuration (out-of-band sections too) goes back first, then this sync is
 		// decided against it
-		if !p.watch.ReseedLocked(ctx, pr.tx, time.Now(), &pr.creds) {
+		if p.watch.ReseedLocked(ctx, pr.tx, time.Now(), &pr.creds) {
+			st = pr.tx.State()
+		} else if st, _, err = p.stateFor(ctx, pr.tx, pr.creds, true, pr.learnt); err != nil {
+			return nil, err
+		} else if pr.tx.Empty(p.api.NoHead()) {
 			// never decided on the empty state: the preserved and merged sections would
 			// go out empty, and the kept configuration with them (§5.4, §8.4)
 			return nil, errReseedPending
-		}
-		st = pr.tx.State()
+		} // else someone wrote meanwhile: decided on what it holds
+
 	}
 	if !pr.holdChecked {
 		pr.holdChecked = true
