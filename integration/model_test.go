@@ -340,6 +340,8 @@ type modelRun struct {
 	want    desired
 	trace   []string
 	steps   int
+	// restartDown is how long the next restart inside a sync keeps the port closed
+	restartDown time.Duration
 }
 
 func (k *modelRun) fail(format string, a ...any) {
@@ -464,9 +466,15 @@ func (k *modelRun) restartDataPlane() {
 	k.s.restartDataPlane(k.t, time.Duration(20+k.rng.IntN(80))*time.Millisecond)
 }
 
-// restartConfshim starts a new confshim with the same --state-dir; the clients keep
-// their caches, aimed at it.
-func (k *modelRun) restartConfshim() {
+// restartConfshim starts a new confshim, with the same --state-dir or (without --merge:
+// a merged section's ownership lives there) with none; the clients keep their caches,
+// aimed at it.
+func (k *modelRun) restartConfshim(withDir bool) {
+	if !withDir {
+		k.s.opts.stateDir = ""
+	} else if k.s.opts.stateDir == "" {
+		k.s.opts.stateDir = k.t.TempDir() // an empty one: nothing kept yet
+	}
 	k.s.startProxy(k.t)
 	for i, c := range k.clients {
 		next := adcclient.New(k.s.proxyURL, adminKey)
@@ -521,6 +529,7 @@ func (k *modelRun) step() {
 		k.m.restarted()
 		k.eventually("re-seed after an idle restart")
 	case n < 82 && !k.flags.via:
+		k.restartDown = time.Duration(100+k.rng.IntN(400)) * time.Millisecond
 		k.hook.fired.Store(false)
 		k.hook.restartAt.Store(true)
 		k.m.restarted()
@@ -536,8 +545,12 @@ func (k *modelRun) step() {
 		k.sync("bypassCache as the data plane returns")
 		k.eventually("after a bypassCache sync")
 	case n < 88:
-		k.note("confshim restart")
-		k.restartConfshim()
+		withDir := k.flags.merge || k.rng.IntN(2) == 0
+		k.note("confshim restart (state dir %v)", withDir)
+		k.restartConfshim(withDir)
+		// memory only, the new process knows nothing until a sync lands: a data-plane
+		// restart before that loses the operator's writes by design (§8.4), so the
+		// client syncs first, as the soak does
 		k.sync("first sync after a confshim restart")
 	default:
 		if msg := k.m.check(k.s.em.Document()); msg != "" {
@@ -563,7 +576,7 @@ func runModel(t *testing.T, flags modelFlags, seed uint64, steps int, budget tim
 	hook.write = func() { k.operatorWrite(); k.note("operator write %d from the wrap", k.m.op) }
 	hook.restart = func() {
 		k.note("restart with the PUT in its socket")
-		s.restartDataPlane(t, time.Duration(200+k.rng.IntN(800))*time.Millisecond)
+		s.restartDataPlane(t, k.restartDown) // drawn before the sync: the wrap runs on another goroutine
 	}
 	k.clients = [2]*adcclient.Client{adcclient.New(s.proxyURL, adminKey), adcclient.New030(s.proxyURL, adminKey)}
 	k.m.landed = []desired{{variant: "v0"}} // replaced by the first sync
