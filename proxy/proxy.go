@@ -32,7 +32,7 @@ import (
 )
 
 // ConfigsPath is the one path APISIX routes the standalone configuration on.
-const ConfigsPath = "/apisix/admin/configs"
+const ConfigsPath = apisix.ConfigsPath
 
 // Config is everything the proxy needs; main fills it from flags.
 type Config struct {

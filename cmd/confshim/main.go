@@ -151,7 +151,8 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	} else {
 		logger.Info().Str("trust_connection", string(opts.trustConnection)).Str("why", why).Msg("syncs may be decided on confshim's belief without a read while the connection it was confirmed on stays open")
 		if opts.reseedInterval == 0 || opts.reseedInterval >= apisix.DecideIdleLimit {
-			logger.Warn().Dur("reseed_interval", opts.reseedInterval).Msg("the watch does not ping often enough to keep the decide connection open (40 s): a sync more than 40 s after the last answer reads the state first")
+			limit := apisix.DecideIdleLimit.String()
+			logger.Warn().Dur("reseed_interval", opts.reseedInterval).Msg("the watch does not ping often enough to keep the decide connection open (" + limit + "): a sync more than " + limit + " after the last answer reads the state first")
 		}
 	}
 	if ready != nil {
