@@ -119,8 +119,14 @@ func (b *Belief) TryLock() (*Tx, bool) {
 	}
 }
 
-// Unlock gives the PUT lock back; the Tx is done.
-func (t *Tx) Unlock() { <-t.b.lock }
+// Unlock gives the PUT lock back; the Tx is done: any later use of it, a second Unlock
+// included, panics instead of reading or changing a belief another holder may be
+// changing.
+func (t *Tx) Unlock() {
+	b := t.b
+	t.b = nil
+	<-b.lock
+}
 
 func (b *Belief) publish() {
 	if b.state != nil {

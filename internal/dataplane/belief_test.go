@@ -261,3 +261,25 @@ func TestAReadKeepsTheKeptConfigurationCurrent(t *testing.T) {
 		t.Fatal("an answer with other metadata did not ask for a read-back")
 	}
 }
+
+// Issue 37: a Tx cannot be used once its lock is given back.
+func TestATxIsDoneOnceUnlocked(t *testing.T) {
+	b, _ := New(Options{})
+	tx, _ := b.Lock(context.Background())
+	tx.Unlock()
+	for name, use := range map[string]func(){"State": func() { tx.State() }, "Doubt": func() { tx.Doubt() }, "Unlock": func() { tx.Unlock() }} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s after Unlock did not panic", name)
+				}
+			}()
+			use()
+		}()
+	}
+	if next, ok := b.TryLock(); !ok { // the second Unlock did not give back someone else's lock
+		t.Fatal("the lock is held after Unlock")
+	} else {
+		next.Unlock()
+	}
+}
