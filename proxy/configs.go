@@ -220,19 +220,8 @@ func (pr *putRequest) forward() *answer {
 		var res *rewrite.Result
 		if pr.untouched == "" {
 			var err error
-			var refuse *rewrite.RefuseError
-			res, err = pr.decide(fresh)
-			switch {
-			case errors.As(err, &refuse):
-				p.refuse(pr.w, refuse)
-				return nil
-			case errors.Is(err, errReseedPending):
-				p.log.Warn().Str("event", "reseed_pending").Msg("the data plane lost its configuration and re-seeding it did not succeed; nothing forwarded, the client retries")
-				pr.w.Header().Set("Retry-After", "1")
-				p.writeError(pr.w, http.StatusServiceUnavailable, "the data plane lost its configuration and restoring the kept one did not succeed yet; nothing was forwarded, retry")
-				return nil
-			case err != nil:
-				p.stateReadFailed(pr.w, pr.r, err)
+			if res, err = pr.decide(fresh); err != nil {
+				pr.undecided(err)
 				return nil
 			}
 		}
@@ -324,6 +313,22 @@ func (pr *putRequest) forward() *answer {
 	}
 }
 
+// undecided answers a sync that could not be decided; nothing was forwarded.
+func (pr *putRequest) undecided(err error) {
+	p := pr.p
+	var refuse *rewrite.RefuseError
+	switch {
+	case errors.As(err, &refuse):
+		p.refuse(pr.w, refuse)
+	case errors.Is(err, errReseedPending):
+		p.log.Warn().Str("event", "reseed_pending").Msg("the data plane lost its configuration and re-seeding it did not succeed; nothing forwarded, the client retries")
+		pr.w.Header().Set("Retry-After", "1")
+		p.writeError(pr.w, http.StatusServiceUnavailable, "the data plane lost its configuration and restoring the kept one did not succeed yet; nothing was forwarded, retry")
+	default:
+		p.stateReadFailed(pr.w, pr.r, err)
+	}
+}
+
 // errReseedPending: the data plane was found empty and the kept configuration could not
 // be put back first; the sync is not decided on the empty state.
 var errReseedPending = errors.New("the data plane lost its configuration; re-seeding it did not succeed")
@@ -386,7 +391,7 @@ func (pr *putRequest) send(out outgoingPut, res *rewrite.Result) (*apisix.Answer
 // instead when the body goes to APISIX as it came.
 func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	p, ctx := pr.p, pr.ctx
-	st, verified, err := p.stateFor(ctx, pr.tx, pr.creds, fresh, pr.learnt)
+	st, verified, err := pr.decisionState(fresh)
 	var refused apisix.RefusedError
 	if errors.As(err, &refused) {
 		pr.untouched = metrics.UntouchedRefused // APISIX will refuse the PUT itself, in its own words
@@ -395,37 +400,9 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if pr.tx.Empty(p.api.NoHead()) && p.dp.Keeps() && pr.tx.Kept() != nil {
-		// §8.4: the client's sync beat the watch to a restarted data plane; the kept
-		// configuration (out-of-band sections too) goes back first, then this sync is
-		// decided against it
-		if p.watch.ReseedLocked(ctx, pr.tx, time.Now(), &pr.creds) {
-			st = pr.tx.State()
-		} else if st, _, err = p.stateFor(ctx, pr.tx, pr.creds, true, pr.learnt); err != nil {
-			return nil, err
-		} else if pr.tx.Empty(p.api.NoHead()) {
-			// never decided on the empty state: the preserved and merged sections would
-			// go out empty, and the kept configuration with them (§5.4, §8.4)
-			return nil, errReseedPending
-		} // else someone wrote meanwhile: decided on what it holds
-
-	}
 	if !pr.holdChecked {
 		pr.holdChecked = true
-		if pr.clientPrepared != nil { // decided again: the client's own body is held back afresh
-			pr.in.Body, pr.prepared, pr.in.Digest, pr.heldUpfront = pr.clientBody, pr.clientPrepared, pr.clientDigest, nil
-		}
-		if corrected, held := pr.backfill().steadyState(ctx); corrected != nil {
-			prepared, err := p.rw.PrepareLike(corrected, p.correctedLayout.Load())
-			if err == nil {
-				p.correctedLayout.Store(prepared.Layout()) // the steady state sends this one again
-				pr.clientPrepared, pr.clientBody, pr.clientDigest = pr.prepared, pr.in.Body, pr.in.Digest
-				pr.in.Body, pr.prepared, pr.heldUpfront = corrected, prepared, held
-				if pr.in.HasDigest {
-					pr.in.Digest += "+held:" + correctionHash(held) // another body than the client's
-				}
-			}
-		}
+		pr.holdKnownRejections()
 	}
 	pr.in.State, pr.in.Record, pr.in.Owned = st, pr.tx.Record(), pr.tx.Owned()
 	pr.in.Now, pr.in.Unread = float64(time.Now().UnixMilli()), !verified
@@ -484,6 +461,49 @@ func (pr *putRequest) decide(fresh bool) (*rewrite.Result, error) {
 		p.logDecision(res)
 	}
 	return res, nil
+}
+
+// decisionState is the state this sync is decided on (verified: shown current for it).
+// A data plane found empty gets the kept configuration back first (§8.4: the client's
+// sync beat the watch to a restarted data plane); a sync is never decided on the empty
+// state while there is one to restore (its preserved and merged sections would go out
+// empty, and the kept configuration with them: §5.4).
+func (pr *putRequest) decisionState(fresh bool) (*rewrite.State, bool, error) {
+	p, ctx := pr.p, pr.ctx
+	st, verified, err := p.stateFor(ctx, pr.tx, pr.creds, fresh, pr.learnt)
+	if err != nil || !pr.tx.Empty(p.api.NoHead()) || !p.dp.Keeps() || pr.tx.Kept() == nil {
+		return st, verified, err
+	}
+	if p.watch.ReseedLocked(ctx, pr.tx, time.Now(), &pr.creds) {
+		return pr.tx.State(), verified, nil
+	}
+	if st, verified, err = p.stateFor(ctx, pr.tx, pr.creds, true, pr.learnt); err == nil && pr.tx.Empty(p.api.NoHead()) {
+		return nil, false, errReseedPending
+	}
+	return st, verified, err // someone wrote meanwhile: decided on what it holds
+}
+
+// holdKnownRejections holds back, before the PUT, the items this APISIX is known to
+// reject (§8.5's steady state): the body decided becomes the corrected one.
+func (pr *putRequest) holdKnownRejections() {
+	p := pr.p
+	if pr.clientPrepared != nil { // decided again: the client's own body is held back afresh
+		pr.in.Body, pr.prepared, pr.in.Digest, pr.heldUpfront = pr.clientBody, pr.clientPrepared, pr.clientDigest, nil
+	}
+	corrected, held := pr.backfill().steadyState(pr.ctx)
+	if corrected == nil {
+		return
+	}
+	prepared, err := p.rw.PrepareLike(corrected, p.correctedLayout.Load())
+	if err != nil {
+		return
+	}
+	p.correctedLayout.Store(prepared.Layout()) // the steady state sends this one again
+	pr.clientPrepared, pr.clientBody, pr.clientDigest = pr.prepared, pr.in.Body, pr.in.Digest
+	pr.in.Body, pr.prepared, pr.heldUpfront = corrected, prepared, held
+	if pr.in.HasDigest {
+		pr.in.Digest += "+held:" + correctionHash(held) // another body than the client's
+	}
 }
 
 // refuse answers a body confshim must not forward (contract §6): 400, nothing forwarded.
