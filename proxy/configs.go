@@ -283,34 +283,43 @@ func (pr *putRequest) forward() *answer {
 				ans, out = fb.ans, fb.out
 			}
 		}
-		pr.res, pr.bytesOut, pr.answeredByAPISIX = res, len(out.body), true
-		pr.forwardedDigest = pr.in.Digest
-		if out.setDigest {
-			pr.forwardedDigest = out.digest
-		}
-		prepared := pr.prepared
-		if fb != nil {
-			prepared = fb.prepared // what APISIX took is the corrected body
-		}
-		p.count(res, out, ans)
-		held := pr.backfill().allHeld(fb)
-		if ans.Status/100 == 2 && !p.cfg.SkipItemLists {
-			pr.touched = touchedItems{held: held}
-			if ans.Status != http.StatusNoContent { // a 204 took nothing from the body
-				pr.touched.before, pr.touched.fallback, pr.touched.res, pr.touched.after = pr.tx.KeptState(), pr.in.State, res, prepared
-			}
-		}
-		pr.answered(ans, res, prepared, out, fb, held) // the belief's one transition for this answer
-		if ans.Status/100 == 2 {
-			p.noteLastHeld(held)
-		}
-		a := &answer{ans: ans, actions: actionsHeader(ans, res, held)}
-		if ans.Status/100 == 2 && len(held) > 0 && p.cfg.FallbackAnswer == AnswerRejection {
-			// the rest is applied; the client learns exactly what was not (§8.5)
-			pr.appliedStatus, a.ans = ans.Status, heldRejection(ans, held)
-		}
-		return a
+		return pr.conclude(ans, out, res, fb)
 	}
+}
+
+// conclude records APISIX's answer to this sync (for /debug/config, the metrics, the
+// ids it touched and the belief's one transition) and builds the client's answer: with
+// --fallback-answer rejection, APISIX's rejection of the held items while the rest is
+// applied (§8.5: a 2xx only when everything the client sent is programmed).
+func (pr *putRequest) conclude(ans *apisix.Answer, out outgoingPut, res *rewrite.Result, fb *fallbackResult) *answer {
+	p := pr.p
+	pr.res, pr.bytesOut, pr.answeredByAPISIX = res, len(out.body), true
+	pr.forwardedDigest = pr.in.Digest
+	if out.setDigest {
+		pr.forwardedDigest = out.digest
+	}
+	prepared := pr.prepared
+	if fb != nil {
+		prepared = fb.prepared // what APISIX took is the corrected body
+	}
+	p.count(res, out, ans)
+	held := pr.backfill().allHeld(fb)
+	if ans.Status/100 == 2 && !p.cfg.SkipItemLists {
+		pr.touched = touchedItems{held: held}
+		if ans.Status != http.StatusNoContent { // a 204 took nothing from the body
+			pr.touched.before, pr.touched.fallback, pr.touched.res, pr.touched.after = pr.tx.KeptState(), pr.in.State, res, prepared
+		}
+	}
+	pr.answered(ans, res, prepared, out, fb, held) // the belief's one transition for this answer
+	if ans.Status/100 == 2 {
+		p.noteLastHeld(held)
+	}
+	a := &answer{ans: ans, actions: actionsHeader(ans, res, held)}
+	if ans.Status/100 == 2 && len(held) > 0 && p.cfg.FallbackAnswer == AnswerRejection {
+		// the rest is applied; the client learns exactly what was not (§8.5)
+		pr.appliedStatus, a.ans = ans.Status, heldRejection(ans, held)
+	}
+	return a
 }
 
 // undecided answers a sync that could not be decided; nothing was forwarded.
