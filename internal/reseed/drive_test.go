@@ -216,3 +216,27 @@ func TestWatchLearnsAnOutOfBandWrite(t *testing.T) {
 	}
 	t.Fatalf("moves %+v: want secrets 1 -> 5 (absent sections move by one too)", d.host.moves)
 }
+
+// Issue 36: one slow look (an APISIX still loading after a restart) does not space the
+// looks by minutes; a configuration that grew reaches its cost within a few looks.
+func TestOneSlowLookDoesNotSpaceTheLooks(t *testing.T) {
+	for _, tc := range []struct {
+		prev, cost, want time.Duration
+	}{
+		{0, 300 * time.Millisecond, 300 * time.Millisecond}, // the first look is taken as it is
+		{time.Millisecond, 30 * time.Millisecond, 2 * time.Millisecond},
+		{time.Millisecond, 500 * time.Microsecond, 500 * time.Microsecond}, // cheaper at once
+		{100 * time.Millisecond, 150 * time.Millisecond, 150 * time.Millisecond},
+	} {
+		if got := nextLookCost(tc.prev, tc.cost); got != tc.want {
+			t.Errorf("nextLookCost(%v, %v) = %v, want %v", tc.prev, tc.cost, got, tc.want)
+		}
+	}
+	cost := time.Millisecond
+	for range 10 { // a configuration that grew to 400 ms a look
+		cost = nextLookCost(cost, 400*time.Millisecond)
+	}
+	if cost != 400*time.Millisecond {
+		t.Fatalf("after 10 looks of 400 ms the looks are budgeted at %v", cost)
+	}
+}

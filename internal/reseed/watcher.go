@@ -162,7 +162,20 @@ type watchState struct {
 	suspect    bool          // something suggests the data plane changed: look
 	lastServer string        // the Server header the last ping saw
 	lastCheck  time.Time     // when the watch last looked
-	lookCost   time.Duration // what the last look cost (its latency)
+	lookCost   time.Duration // what a look costs (its latency), as nextLookCost keeps it
+}
+
+// nextLookCost is what the next looks are budgeted by after one that took cost: at most
+// twice what they were judged to cost before. One slow answer — an APISIX still loading
+// after a restart, a busy worker — is not a decode that grew, and would otherwise space
+// the looks by minutes (cost / budget), leaving a restart behind a proxy, which no ping
+// can see, unnoticed that long; a configuration that did grow reaches its cost within a
+// few looks.
+func nextLookCost(prev, cost time.Duration) time.Duration {
+	if prev > 0 && cost > 2*prev {
+		return 2 * prev
+	}
+	return cost
 }
 
 // tick pings the data plane and looks at its configuration when something suggests it
@@ -196,7 +209,7 @@ func (w *Watcher) tick(ctx context.Context, st *watchState) bool {
 	w.cfg.Log.Debug().Str("event", "watch").Bool("suspect", st.suspect).Msg("looking at the data plane's configuration")
 	looked, cost, ok := w.look(ctx)
 	if looked {
-		st.suspect, st.lastCheck, st.lookCost = false, now(), cost
+		st.suspect, st.lastCheck, st.lookCost = false, now(), nextLookCost(st.lookCost, cost)
 	}
 	return ok
 }
