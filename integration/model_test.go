@@ -614,6 +614,9 @@ func runModel(t *testing.T, flags modelFlags, seed uint64, steps int, budget tim
 // and MODEL_FLAGS replay one run.
 func TestContractModel(t *testing.T) {
 	steps, budget := 80, 3*time.Second
+	if raceBuild {
+		steps = 25 // -race -count=3 -cpu 1,2 runs the package six times within go test's 10 minutes
+	}
 	if v, err := strconv.Atoi(os.Getenv("MODEL_STEPS")); err == nil {
 		steps = v
 	}
