@@ -152,7 +152,6 @@ func TestMemoryDoesNotFollowAnnouncedLengths(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs the binary")
 	}
-	skipUnderRace(t)
 	var dp *countingDataPlane
 	srv := apisixtest.Start(t, apisixtest.Options{Emulator: emulator.Options{AdminKey: adminKey}, Wrap: func(em http.Handler) http.Handler {
 		dp = &countingDataPlane{em: em}
@@ -196,7 +195,6 @@ func TestLargeBodiesCostASmallMultiple(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs the binary")
 	}
-	skipUnderRace(t)
 	for _, tc := range []struct {
 		name, contentType string
 		body              []byte

@@ -40,7 +40,6 @@ func TestMemoryStaysBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: 100 PUTs of 11 MB")
 	}
-	skipUnderRace(t)
 	p := fixture.Stale(10000)
 	size := uint64(len(p.Request))
 	_, _, cs := endpoints(t, p.State)

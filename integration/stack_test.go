@@ -338,12 +338,3 @@ func tail(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
-
-// skipUnderRace skips a test that measures memory: under -race every allocation is
-// shadowed, so the figure says nothing, and make test runs these without it.
-func skipUnderRace(t *testing.T) {
-	t.Helper()
-	if raceBuild {
-		t.Skip("-race: measures memory (make test runs it without -race)")
-	}
-}
