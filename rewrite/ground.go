@@ -305,9 +305,8 @@ type Result struct {
 	// did not, so a decision taken unread must be checked first
 	stamped []Change
 	unsure  bool
-	// copies: a decision taken unread puts the data plane's items into the body (a
-	// merged union at a new version): it stands only on a state shown current (§5.4)
-	copies bool
+	// unread: the decision was taken on the belief without a read (Input.Unread)
+	unread bool
 }
 
 // outcome is what the data plane will hold for one section after the forwarded PUT.

@@ -339,11 +339,6 @@ type unionPlan struct {
 func (d *decision) applyUnion(u unionPlan) (outcome, Change, bool, error) {
 	section, o, change, vi, ii, vR, present, vS, merged, kept := u.section, u.o, u.change, u.vi, u.ii, u.vR, u.present, u.vS, u.merged, u.kept
 	e, obj, in := d.e, &d.p.obj, d.in
-	if in.Unread {
-		// the union was made from the belief: an item written behind confshim since
-		// would be lost at a version that beats APISIX's check (§5.4, §8.6)
-		d.res.copies = true
-	}
 	var next float64
 	switch {
 	case present && vR > vS && storable(vR) > vS && kept == 0 && in.Unread:

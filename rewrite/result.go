@@ -120,7 +120,7 @@ func (r *Result) Unsure() bool { return r != nil && r.unsure }
 // into the body (a merged union sent at a new version, §8.6): sent at the clock's
 // version it would beat APISIX's check, so an out-of-band write since the belief was
 // confirmed would be overwritten. The caller shows the state current first (§5.4).
-func (r *Result) NeedsProof() bool { return r != nil && r.copies }
+func (r *Result) NeedsProof() bool { return r != nil && r.unread && r.SendsUnion() }
 
 // SendsUnion reports whether the body carries a merged section's union at a new
 // version: a later PUT of the same sync (a fallback's) stands only on a state shown

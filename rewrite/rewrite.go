@@ -82,7 +82,7 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 	if in.State == nil {
 		in.State = &State{}
 	}
-	res := &Result{owned: Ownership{}}
+	res := &Result{owned: Ownership{}, unread: in.Unread}
 	e := edits{newValue: make([][]byte, len(p.obj.members)), drop: make([]bool, len(p.obj.members))}
 	h := semHasher{seed: rw.seed}
 	noop := true
