@@ -244,7 +244,7 @@ func (pr *putRequest) forward() *answer {
 			continue
 		}
 		if err != nil {
-			p.upstreamFailed(pr.w, pr.r, err, "PUT "+ConfigsPath)
+			p.upstreamFailed(pr.w, pr.r, err, "PUT "+apisix.ConfigsPath)
 			return nil
 		}
 		if apisix.IsConflict(ans) {
@@ -653,13 +653,16 @@ func (pr *putRequest) answered(ans *apisix.Answer, res *rewrite.Result, prepared
 	p := pr.p
 	o := dataplane.Outcome{Status: ans.Status, Digest: ans.Header.Get("X-Digest"), LastModified: ans.Header.Get("X-Last-Modified"),
 		Res: res, Prepared: prepared, NoOp: out.noop, Conn: p.api.DecideConn(),
-		Fallback: p.cfg.Fallback, Held: held, Caller: pr.creds}
+		Fallback: p.cfg.Fallback, Held: held}
 	if fb != nil {
 		o.Backfilled, o.Versions = fb.changed, fb.versions
 	} else if len(pr.heldUpfront) > 0 {
 		o.Correction = p.correctionOf(pr.clientPrepared, pr.prepared, pr.heldUpfront)
 	}
 	unowned := pr.tx.Answered(o)
+	if ans.Status/100 == 2 && p.watch != nil {
+		p.watch.NoteCaller(pr.creds)
+	}
 	for _, m := range unowned {
 		p.log.Warn().Str("event", "merge_unowned").Str("section", rewrite.Clip(m.Section)).Int("kept", m.Kept).
 			Strs("kept_ids", m.KeptIDs).Int("kept_ids_not_named", m.Kept-len(m.KeptIDs)).

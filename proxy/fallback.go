@@ -170,7 +170,7 @@ func (b backfill) rejections(ctx context.Context, round int, plan *rewrite.Plan,
 	if !ok || round >= maxPrefixRounds {
 		return nil, false
 	}
-	return []rewrite.Rejection{{Section: r.Section, Index: r.Index, Error: r.Error}}, true
+	return []rewrite.Rejection{r}, true
 }
 
 // refuseCopies asks the data plane (validate, 3.15+) whether it takes the accepted
@@ -301,9 +301,7 @@ func (b backfill) validateItems(ctx context.Context, plan *rewrite.Plan) ([]rewr
 		if !ok {
 			return nil, false
 		}
-		for _, e := range errs {
-			found = append(found, rewrite.Rejection{Section: e.Section, Index: e.Index, Error: e.Error})
-		}
+		found = append(found, errs...)
 	}
 	return found, true
 }

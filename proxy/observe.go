@@ -7,6 +7,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/metrics"
 )
 
@@ -48,7 +49,7 @@ func (p *Proxy) observe(next http.Handler) http.Handler {
 		sw := &statusWriter{ResponseWriter: w}
 		next.ServeHTTP(sw, r)
 		route := metrics.RoutePassthrough
-		if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.RoutePattern() == ConfigsPath {
+		if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.RoutePattern() == apisix.ConfigsPath {
 			route = metrics.RouteConfigsPut
 		}
 		if sw.status == 0 {

@@ -31,9 +31,6 @@ import (
 	"github.com/confshim/confshim/rewrite"
 )
 
-// ConfigsPath is the one path APISIX routes the standalone configuration on.
-const ConfigsPath = apisix.ConfigsPath
-
 // Config is everything the proxy needs; main fills it from flags.
 type Config struct {
 	Upstream string   // APISIX Admin API base URL, http or https
@@ -223,7 +220,7 @@ func New(cfg Config) (*Proxy, error) {
 		ErrorHandler:  p.passthroughError,
 		ModifyResponse: func(resp *http.Response) error {
 			p.api.NoteAnswer(resp)
-			if resp.StatusCode == http.StatusOK && resp.Request != nil && strings.HasSuffix(resp.Request.URL.Path, ConfigsPath) {
+			if resp.StatusCode == http.StatusOK && resp.Request != nil && strings.HasSuffix(resp.Request.URL.Path, apisix.ConfigsPath) {
 				p.dp.SawState(resp.Header.Get("X-Digest"), resp.Header.Get("X-Last-Modified"))
 			}
 			return nil
@@ -242,7 +239,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.handler.Se
 func (p *Proxy) routes() http.Handler {
 	r := chi.NewRouter()
 	r.Use(p.observe, p.guard, routeOnNormalizedPath)
-	r.Put(ConfigsPath, p.putConfigs)
+	r.Put(apisix.ConfigsPath, p.putConfigs)
 	r.NotFound(p.passthrough)
 	r.MethodNotAllowed(p.passthrough)
 	return r

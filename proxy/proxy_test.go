@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 
+	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 	"github.com/confshim/confshim/internal/testsupport/emulator"
 	"github.com/confshim/confshim/metrics"
@@ -261,7 +262,7 @@ func TestConfigsPutPathNormalisation(t *testing.T) {
 		t.Fatalf("a path nginx reads as /apisix/admin/configs must be repaired too: %d %v", r.status, r.header)
 	}
 	reqs := f.rec.all()
-	if reqs[0].method != http.MethodHead || reqs[0].path != ConfigsPath || reqs[len(reqs)-1].path != "//apisix/admin/./configs" {
+	if reqs[0].method != http.MethodHead || reqs[0].path != apisix.ConfigsPath || reqs[len(reqs)-1].path != "//apisix/admin/./configs" {
 		t.Fatalf("want a probe, a state read and the PUT on the client's path, got %+v", reqs)
 	}
 }

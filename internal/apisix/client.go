@@ -293,21 +293,35 @@ func (c *Client) readAnswer(resp *http.Response) (*Answer, error) {
 	return &Answer{Status: resp.StatusCode, Header: resp.Header, Body: body}, nil
 }
 
-// roundTrip sends req on conn, bounded by the client's timeout, and reads the answer
+// call is one request confshim makes of its own: the caller's credentials go on it
+// (their query string and headers), a nil body sends none.
+type call struct {
+	method, path string
+	creds        Credentials
+	header       http.Header
+	body         []byte
+}
+
+// roundTrip sends cl on conn, bounded by the client's timeout, and reads the answer
 // whole.
-func (c *Client) roundTrip(ctx context.Context, conn Conn, method, path, rawQuery string, header http.Header, body io.Reader, size int64) (*Answer, error) {
+func (c *Client) roundTrip(ctx context.Context, conn Conn, cl call) (*Answer, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, c.URL(path, rawQuery), body)
+	var body io.Reader
+	if cl.body != nil {
+		body = bytes.NewReader(cl.body)
+	}
+	req, err := http.NewRequestWithContext(ctx, cl.method, c.URL(cl.path, cl.creds.rawQuery), body)
 	if err != nil {
 		return nil, err
 	}
-	if size >= 0 {
-		req.ContentLength = size
+	if cl.body != nil {
+		req.ContentLength = int64(len(cl.body))
 	}
-	for k, v := range header {
-		req.Header[k] = v
+	if cl.header != nil {
+		req.Header = cl.header
 	}
+	cl.creds.with(req.Header)
 	resp, err := c.tr.pick(conn).RoundTrip(req)
 	if err != nil {
 		return nil, err
@@ -348,8 +362,8 @@ func (e TooBigError) Error() string { return fmt.Sprintf("data plane state is ov
 // is a RefusedError.
 func (c *Client) Probe(ctx context.Context, creds Credentials, stateLimit int64) error {
 	if c.HasValidate() {
-		a, err := c.roundTrip(ctx, Shared, http.MethodPost, ConfigsPath+"/validate", creds.rawQuery,
-			creds.with(http.Header{"Content-Type": {"application/json"}}), strings.NewReader("{}"), 2)
+		a, err := c.roundTrip(ctx, Shared, call{method: http.MethodPost, path: ConfigsPath + "/validate", creds: creds,
+			header: http.Header{"Content-Type": {"application/json"}}, body: []byte("{}")})
 		switch {
 		case err != nil:
 			return err
@@ -381,7 +395,7 @@ func (c *Client) Probe(ctx context.Context, creds Credentials, stateLimit int64)
 // Head is HEAD /apisix/admin/configs with the caller's credentials: the metadata when
 // APISIX answers 200, a RefusedError on 401/403, otherwise the status alone.
 func (c *Client) Head(ctx context.Context, conn Conn, creds Credentials) (*Meta, int, error) {
-	a, err := c.roundTrip(ctx, conn, http.MethodHead, ConfigsPath, creds.rawQuery, creds.with(jsonAccept()), nil, -1)
+	a, err := c.roundTrip(ctx, conn, call{method: http.MethodHead, path: ConfigsPath, creds: creds, header: jsonAccept()})
 	if err != nil {
 		return nil, 0, err
 	}
@@ -478,8 +492,8 @@ func (c *Client) Put(ctx context.Context, conn Conn, target string, header http.
 // PutConfig is PUT /apisix/admin/configs of a body confshim wrote itself (a re-seed)
 // with creds and digest, on the decide connection without a redial.
 func (c *Client) PutConfig(ctx context.Context, creds Credentials, body []byte, digest string) (*Answer, error) {
-	header := creds.with(http.Header{"Content-Type": {"application/json"}, "X-Digest": {digest}})
-	return c.roundTrip(NoRedial(ctx), Decide, http.MethodPut, ConfigsPath, creds.rawQuery, header, bytes.NewReader(body), int64(len(body)))
+	header := http.Header{"Content-Type": {"application/json"}, "X-Digest": {digest}}
+	return c.roundTrip(NoRedial(ctx), Decide, call{method: http.MethodPut, path: ConfigsPath, creds: creds, header: header, body: body})
 }
 
 // Ping is HEAD /apisix/admin on the decide connection (the caller serialises it with
@@ -503,11 +517,8 @@ func (c *Client) Alive(ctx context.Context, key string, d time.Duration) bool {
 func (c *Client) headAdmin(ctx context.Context, conn Conn, key string, d time.Duration) (*Answer, error) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	header := http.Header{}
-	if key != "" {
-		header.Set("X-API-KEY", key) // APISIX needs none here; a stricter front may
-	}
-	return c.roundTrip(ctx, conn, http.MethodHead, "/apisix/admin", "", header, nil, -1)
+	// APISIX needs no key here; a stricter front may
+	return c.roundTrip(ctx, conn, call{method: http.MethodHead, path: "/apisix/admin", creds: KeyCredentials(key)})
 }
 
 // sentBody is a request body that says when the transport closed it.

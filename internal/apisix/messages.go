@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/confshim/confshim/rewrite"
 )
 
 // What APISIX's answers to a configs PUT say, read in one place: confshim matches on
@@ -50,17 +52,17 @@ var prefixed = regexp.MustCompile(`^invalid (\S+) at index (\d+), err: `)
 // PutRejection is the item a PUT's 400 names on APISIX 3.13 and 3.14, which have no
 // validate endpoint: "invalid <section> at index <i>, err: <error>". ok is false when the
 // message names none.
-func PutRejection(body []byte) (r Rejection, ok bool) {
+func PutRejection(body []byte) (r rewrite.Rejection, ok bool) {
 	msg := ErrorMessage(body)
 	m := prefixed.FindStringSubmatch(msg)
 	if m == nil {
-		return Rejection{}, false
+		return rewrite.Rejection{}, false
 	}
 	i, err := strconv.Atoi(m[2])
 	if err != nil {
-		return Rejection{}, false
+		return rewrite.Rejection{}, false
 	}
-	return Rejection{Section: m[1], Index: i, Error: strings.TrimPrefix(msg, m[0])}, true
+	return rewrite.Rejection{Section: m[1], Index: i, Error: strings.TrimPrefix(msg, m[0])}, true
 }
 
 // StateDependent: APISIX rejected an item for what the data plane holds (a plugin

@@ -3,6 +3,8 @@ package apisix
 import (
 	"net/http"
 	"testing"
+
+	"github.com/confshim/confshim/rewrite"
 )
 
 // TestMessages reads APISIX's own messages (the captures in testdata/apisix-wire, the
@@ -12,7 +14,7 @@ func TestMessages(t *testing.T) {
 		name                           string
 		body                           string
 		conflict, item, stateDependent bool
-		prefixed                       *Rejection
+		prefixed                       *rewrite.Rejection
 	}{
 		{name: "stale version (3.17 capture)", body: `{"error_msg":"secrets_conf_version must be greater than or equal to (1)"}`, conflict: true},
 		{name: "unknown plugin (3.17 capture)", body: `{"error_msg":"unknown plugin [no-such-plugin]"}`, item: true},
@@ -20,7 +22,7 @@ func TestMessages(t *testing.T) {
 		{name: "unreadable body", body: `{"error_msg":"invalid request body: Expected value but found invalid token at character 1"}`},
 		{name: "not APISIX's JSON", body: `<html>400</html>`},
 		{name: "3.14 names the item", body: `{"error_msg":"invalid routes at index 3, err: unknown plugin [nope]"}`, item: true,
-			prefixed: &Rejection{Section: "routes", Index: 3, Error: "unknown plugin [nope]"}},
+			prefixed: &rewrite.Rejection{Section: "routes", Index: 3, Error: "unknown plugin [nope]"}},
 		{name: "a plugin another global rule uses (3.17)", body: `{"error_msg":"plugin 'prometheus' already exists in global rule with id '1'"}`, item: true, stateDependent: true},
 		{name: "a key another consumer holds (3.18)", body: `{"error_msg":"duplicate key of plugin key-auth found with consumer: team-b"}`, item: true, stateDependent: true},
 		{name: "a key a credential holds (3.18)", body: `{"error_msg":"duplicate key of plugin key-auth found with credential: jack/credentials/c1 of consumer: jack"}`, item: true, stateDependent: true},

@@ -5,25 +5,19 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+
+	"github.com/confshim/confshim/rewrite"
 )
 
 // MaxValidateBody is APISIX 3.17's cap on a validate body (spec §4.4), less a margin
 // for the envelope.
 const MaxValidateBody = 1572864 - 1024
 
-// Rejection is one item APISIX's validate rejects: its section, its index in the items
-// given, and APISIX's error.
-type Rejection struct {
-	Section string
-	Index   int
-	Error   string
-}
-
 // ValidateSection asks POST /apisix/admin/configs/validate, with the caller's
 // credentials, which of a section's items APISIX rejects, in pieces under its 1.5 MiB
 // cap (an item alone over the cap counts as rejected). ok is false when APISIX could
 // not say (no answer, another status, an error that is not about an item).
-func (c *Client) ValidateSection(ctx context.Context, creds Credentials, section string, items [][]byte) (found []Rejection, ok bool) {
+func (c *Client) ValidateSection(ctx context.Context, creds Credentials, section string, items [][]byte) (found []rewrite.Rejection, ok bool) {
 	limit := MaxValidateBody - len(section) - 8
 	for start := 0; start < len(items); {
 		end, size := start, 0
@@ -32,7 +26,7 @@ func (c *Client) ValidateSection(ctx context.Context, creds Credentials, section
 			end++
 		}
 		if size > limit { // one item over the cap: rejected as it is
-			found = append(found, Rejection{Section: section, Index: start, Error: "the item alone is over APISIX's 1.5 MiB validate cap"})
+			found = append(found, rewrite.Rejection{Section: section, Index: start, Error: "the item alone is over APISIX's 1.5 MiB validate cap"})
 			start = end
 			continue
 		}
@@ -50,7 +44,7 @@ func (c *Client) ValidateSection(ctx context.Context, creds Credentials, section
 }
 
 // validateChunk is one POST /configs/validate of some items of one section.
-func (c *Client) validateChunk(ctx context.Context, creds Credentials, section string, items [][]byte) ([]Rejection, bool) {
+func (c *Client) validateChunk(ctx context.Context, creds Credentials, section string, items [][]byte) ([]rewrite.Rejection, bool) {
 	var b bytes.Buffer
 	name, _ := json.Marshal(section)
 	b.WriteByte('{')
@@ -63,8 +57,8 @@ func (c *Client) validateChunk(ctx context.Context, creds Credentials, section s
 		b.Write(it)
 	}
 	b.WriteString("]}")
-	a, err := c.roundTrip(ctx, Shared, http.MethodPost, ConfigsPath+"/validate", creds.rawQuery,
-		creds.with(http.Header{"Content-Type": {"application/json"}}), &b, int64(b.Len()))
+	a, err := c.roundTrip(ctx, Shared, call{method: http.MethodPost, path: ConfigsPath + "/validate", creds: creds,
+		header: http.Header{"Content-Type": {"application/json"}}, body: b.Bytes()})
 	switch {
 	case err != nil:
 		return nil, false
@@ -83,12 +77,12 @@ func (c *Client) validateChunk(ctx context.Context, creds Credentials, section s
 	if json.Unmarshal(a.Body, &v) != nil || len(v.Errors) == 0 {
 		return nil, false
 	}
-	out := make([]Rejection, 0, len(v.Errors))
+	out := make([]rewrite.Rejection, 0, len(v.Errors))
 	for _, e := range v.Errors {
 		if e.ResourceType != section || e.Index == nil || *e.Index < 0 || *e.Index >= len(items) {
 			return nil, false // not about an item: nothing to hold back
 		}
-		out = append(out, Rejection{Section: section, Index: *e.Index, Error: e.Error})
+		out = append(out, rewrite.Rejection{Section: section, Index: *e.Index, Error: e.Error})
 	}
 	return out, true
 }

@@ -48,7 +48,6 @@ type Belief struct {
 
 	held       map[string]Held // §8.5: the items held back in the last accepted sync
 	correction *Correction     // and the correction made before that PUT
-	caller     any             // the last accepted caller's credentials (the watch's)
 
 	keep       bool
 	kept       *Kept
@@ -296,7 +295,6 @@ type Outcome struct {
 	Versions   map[string]float64 // a second step's versions, above the corrected PUT's (nil: none)
 	Held       []Held             // every item held back in this sync
 	Correction *Correction        // the correction made before this PUT, for the same client bytes next time
-	Caller     any                // the caller's credentials, for the watch's requests (memory only)
 }
 
 // Answered is the one transition per answer to a forwarded PUT: the kept
@@ -340,7 +338,7 @@ func (t *Tx) Answered(o Outcome) (unowned []rewrite.MergeReport) {
 	return unowned
 }
 
-// accepted records what an accepted answer's fallback changed and who the caller was.
+// accepted records what an accepted answer's fallback changed.
 func (b *Belief) accepted(o Outcome) {
 	if len(o.Backfilled) > 0 || o.Versions != nil {
 		b.backfilled(o.Backfilled, o.Versions)
@@ -349,14 +347,7 @@ func (b *Belief) accepted(o Outcome) {
 		b.setHeld(o.Held)
 		b.correction = o.Correction
 	}
-	if o.Caller != nil {
-		b.caller = o.Caller
-	}
 }
-
-// Caller are the credentials of the last caller whose PUT APISIX accepted (nil: none),
-// for the watch's own requests when there is no --admin-key; memory only.
-func (t *Tx) Caller() any { return t.b.caller }
 
 // keepAfter updates the kept configuration after APISIX accepted a forwarded PUT; the
 // cached state is still the one the PUT was decided on.

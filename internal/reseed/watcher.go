@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -84,8 +85,9 @@ type Config struct {
 
 // Watcher is the watch.
 type Watcher struct {
-	cfg Config
-	bg  sync.WaitGroup
+	cfg    Config
+	bg     sync.WaitGroup
+	caller atomic.Pointer[apisix.Credentials] // the last accepted caller's (memory only)
 }
 
 // New returns the watcher; Start runs it.
@@ -111,14 +113,20 @@ func (w *Watcher) Start(ctx context.Context) {
 // Wait returns when the watch has stopped.
 func (w *Watcher) Wait() { w.bg.Wait() }
 
-// credentials are --admin-key, else the last accepted caller's (the belief keeps them,
-// in memory only).
-func (w *Watcher) credentials(tx *dataplane.Tx) (apisix.Credentials, bool) {
+// NoteCaller keeps the credentials of a caller whose PUT APISIX accepted, for the
+// watch's own requests when there is no --admin-key; memory only.
+func (w *Watcher) NoteCaller(creds apisix.Credentials) { w.caller.Store(&creds) }
+
+// credentials are --admin-key, else the last accepted caller's.
+func (w *Watcher) credentials() (apisix.Credentials, bool) {
 	if w.cfg.AdminKey != "" {
 		return apisix.KeyCredentials(w.cfg.AdminKey), true
 	}
-	creds, ok := tx.Caller().(apisix.Credentials)
-	return creds, ok && !creds.IsZero()
+	creds := w.caller.Load()
+	if creds == nil || creds.IsZero() {
+		return apisix.Credentials{}, false
+	}
+	return *creds, true
 }
 
 // LookInterval is how long the watch waits between looks with nothing suspicious seen:
@@ -255,8 +263,8 @@ func (w *Watcher) lookCredentials() (apisix.Credentials, bool) {
 	if !free {
 		return apisix.Credentials{}, false // a PUT is in flight: look next time
 	}
-	defer tx.Unlock()
-	return w.credentials(tx)
+	defer tx.Unlock() // a PUT in flight may change the caller: look next time
+	return w.credentials()
 }
 
 // refresh reads the data plane when it changed since the kept configuration (an
@@ -267,7 +275,7 @@ func (w *Watcher) refresh(ctx context.Context, digest, lastModified string) {
 	if tx.KeptIsCurrent(digest, lastModified) {
 		return
 	}
-	creds, _ := w.credentials(tx)
+	creds, _ := w.credentials()
 	st, d, lm, err := w.cfg.Host.ReadState(ctx, creds)
 	if err != nil || lm == "" {
 		return
@@ -288,7 +296,7 @@ func (w *Watcher) ReseedLocked(ctx context.Context, tx *dataplane.Tx, foundEmpty
 	if k == nil {
 		return false
 	}
-	creds, _ := w.credentials(tx)
+	creds, _ := w.credentials()
 	if caller != nil {
 		creds = *caller
 	}
