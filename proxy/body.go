@@ -12,9 +12,6 @@ import (
 	"github.com/confshim/confshim/metrics"
 )
 
-// statusClientGone is logged and counted for a client that went away: nothing reaches it.
-const statusClientGone = 499
-
 // bodyBudget bounds the request bodies buffered at once (contract §5.7), whatever the
 // number of connections: a body reserves what it can hold before a byte is read
 // (its Content-Length, or --max-body-bytes without one) and gives back what it did
@@ -69,59 +66,71 @@ func (b *bodyBudget) release(n int64) {
 // budgetRetryAfter is the Retry-After of a 503 for a full budget, in seconds.
 const budgetRetryAfter = "5"
 
-// readBody reads the request body into a pooled buffer, within --max-body-bytes and
-// the body budget. The buffer grows with the bytes that arrive, never to what the
-// client announced. release gives the buffer and the budget back.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, func(), bool) {
-	limit := p.cfg.MaxBodyBytes
+// bodyReader reads configs PUT bodies within --max-body-bytes and the body budget.
+type bodyReader struct {
+	maxBytes int64         // --max-body-bytes
+	wait     time.Duration // how long a body waits for the budget before a 503
+	budget   *bodyBudget
+	bufs     buffers
+	replies
+}
+
+// read reads the request body into a pooled buffer. The buffer grows with the bytes
+// that arrive, never to what the client announced. release gives the buffer and the
+// budget back; ok false: the client was answered.
+func (br *bodyReader) read(w http.ResponseWriter, r *http.Request) (body []byte, release func(), ok bool) {
+	limit := br.maxBytes
 	if r.ContentLength > limit {
-		p.writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body of %d bytes is over --max-body-bytes (%d)", r.ContentLength, limit))
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body of %d bytes is over --max-body-bytes (%d)", r.ContentLength, limit))
 		return nil, nil, false
 	}
 	reserved := limit
 	if r.ContentLength >= 0 {
 		reserved = r.ContentLength
 	}
-	if err := p.budget.acquire(r.Context(), reserved, p.cfg.BodyBudgetWait); err != nil {
-		if r.Context().Err() != nil {
-			p.m.ClientDisconnects.Inc()
-			w.WriteHeader(statusClientGone)
-			return nil, nil, false
-		}
-		p.m.Refuse(metrics.RefusedBodyBudget)
-		p.log.Warn().Str("event", "refused").Str("reason", "body_budget").Int64("bytes", reserved).Msg("request bodies in flight are over --body-budget-bytes; answered 503")
-		w.Header().Set("Retry-After", budgetRetryAfter)
-		p.writeError(w, http.StatusServiceUnavailable, "request bodies in flight are over their memory budget (--body-budget-bytes); retry later")
+	if err := br.budget.acquire(r.Context(), reserved, br.wait); err != nil {
+		br.overBudget(w, r, reserved)
 		return nil, nil, false
 	}
-	bufp := p.getBuf()
+	bufp := br.bufs.get()
 	body, err := readGrowing((*bufp)[:0], r.Body, limit+1, r.ContentLength)
 	*bufp = body
 	n := int64(len(body))
 	if n < reserved {
-		p.budget.release(reserved - n) // keep what the body holds, not what it announced
+		br.budget.release(reserved - n) // keep what the body holds, not what it announced
 		reserved = n
 	}
-	release := func() {
-		p.putBuf(bufp)
-		p.budget.release(reserved)
+	release = func() {
+		br.bufs.put(bufp)
+		br.budget.release(reserved)
 	}
 	switch {
 	case err != nil:
 		release()
 		if r.Context().Err() != nil || errors.Is(err, io.ErrUnexpectedEOF) {
-			p.m.ClientDisconnects.Inc()
-			w.WriteHeader(statusClientGone)
+			br.clientGone(w)
 			return nil, nil, false
 		}
-		p.writeError(w, http.StatusBadRequest, "cannot read the request body")
+		writeError(w, http.StatusBadRequest, "cannot read the request body")
 		return nil, nil, false
 	case n > limit:
 		release()
-		p.writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over --max-body-bytes (%d)", limit))
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over --max-body-bytes (%d)", limit))
 		return nil, nil, false
 	}
 	return body, release, true
+}
+
+// overBudget answers a body the budget had no room for within its wait.
+func (br *bodyReader) overBudget(w http.ResponseWriter, r *http.Request, reserved int64) {
+	if r.Context().Err() != nil {
+		br.clientGone(w)
+		return
+	}
+	br.m.Refuse(metrics.RefusedBodyBudget)
+	br.log.Warn().Str("event", "refused").Str("reason", "body_budget").Int64("bytes", reserved).Msg("request bodies in flight are over --body-budget-bytes; answered 503")
+	w.Header().Set("Retry-After", budgetRetryAfter)
+	writeError(w, http.StatusServiceUnavailable, "request bodies in flight are over their memory budget (--body-budget-bytes); retry later")
 }
 
 // readGrowing reads r into buf, at most limit bytes. The buffer doubles as bytes
@@ -178,9 +187,9 @@ func readGrowing(buf []byte, r io.Reader, limit, announced int64) ([]byte, error
 // buffer each time; this list keeps at most cap(buffers) of them alive.
 type buffers chan *[]byte
 
-func (p *Proxy) getBuf() *[]byte {
+func (bufs buffers) get() *[]byte {
 	select {
-	case b := <-p.bufs:
+	case b := <-bufs:
 		return b
 	default:
 		b := make([]byte, 0, 64<<10)
@@ -188,10 +197,10 @@ func (p *Proxy) getBuf() *[]byte {
 	}
 }
 
-func (p *Proxy) putBuf(b *[]byte) {
+func (bufs buffers) put(b *[]byte) {
 	*b = (*b)[:0]
 	select {
-	case p.bufs <- b:
+	case bufs <- b:
 	default: // the list is full: let the GC have it
 	}
 }

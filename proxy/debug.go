@@ -1,8 +1,9 @@
 package proxy
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
-	"github.com/rs/zerolog"
 	"maps"
 	"net/http"
 	"net/url"
@@ -31,6 +32,27 @@ const (
 	// maxDebugSections bounds the per-section lines (APISIX knows 13 sections).
 	maxDebugSections = 256
 )
+
+// maxLoggedSections bounds a decision's log line (§5.7): a body may name thousands.
+const maxLoggedSections = 32
+
+// maxCorrelationBytes bounds a client's correlation header as kept (§5.7).
+const maxCorrelationBytes = 128
+
+// correlation joins a sync with the client's and APISIX's logs.
+type correlation struct {
+	SyncID      string `json:"sync_id"`
+	Traceparent string `json:"traceparent,omitempty"`
+	RequestID   string `json:"request_id,omitempty"`
+}
+
+func correlationOf(r *http.Request) correlation {
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return correlation{SyncID: hex.EncodeToString(id[:]),
+		Traceparent: clipString(r.Header.Get("Traceparent"), maxCorrelationBytes),
+		RequestID:   clipString(r.Header.Get("X-Request-Id"), maxCorrelationBytes)}
+}
 
 // DebugConfig is the document; field names are stable (operators script against them).
 type DebugConfig struct {
@@ -207,12 +229,11 @@ func clipString(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// noteAnswer records an HTTP answer from APISIX: readiness, its status.
-func (p *Proxy) noteAnswer(status int) {
-	p.sawUpstream()
-	p.debug.mu.Lock()
-	p.debug.lastStatus = status
-	p.debug.mu.Unlock()
+// noteStatus records the status of APISIX's last HTTP answer.
+func (d *debugLog) noteStatus(status int) {
+	d.mu.Lock()
+	d.lastStatus = status
+	d.mu.Unlock()
 }
 
 // syncRecord is one configs PUT as it ended, for /debug/config.
@@ -221,8 +242,8 @@ type syncRecord struct {
 	status   int
 	by       string // "apisix" or "confshim"
 	errorMsg []byte
-	in       *rewrite.Input
-	// clientDigest is the X-Digest the client sent (in's may be a correction's)
+	bytesIn  int
+	// clientDigest is the X-Digest the client sent (the forwarded may be a correction's)
 	clientDigest string
 	prepared     *rewrite.Prepared
 	res          *rewrite.Result
@@ -232,13 +253,10 @@ type syncRecord struct {
 	items        []rewrite.ItemChanges
 }
 
-// recordSync files one configs PUT. It runs once per PUT, copying small values only.
-func (p *Proxy) recordSync(r syncRecord) {
-	now := time.Now()
-	line := DebugSyncLine{correlation: r.corr, At: now, Status: r.status, DurationMS: ms(now.Sub(r.start)), BytesOut: r.bytesOut, Items: r.items}
-	if r.in != nil {
-		line.BytesIn = len(r.in.Body)
-	}
+// lines are what /debug/config and the sync's log line show of a PUT that ended at
+// now: its line in the ring, and the last accepted or rejected sync it becomes.
+func (r syncRecord) lines(now time.Time) (line DebugSyncLine, accepted *DebugSync, rejected *DebugRejected) {
+	line = DebugSyncLine{correlation: r.corr, At: now, Status: r.status, DurationMS: ms(now.Sub(r.start)), BytesOut: r.bytesOut, BytesIn: r.bytesIn, Items: r.items}
 	if r.res != nil {
 		for i, c := range r.res.Changes {
 			if i == maxLoggedSections {
@@ -247,13 +265,10 @@ func (p *Proxy) recordSync(r syncRecord) {
 			line.Actions = append(line.Actions, rewrite.Clip(c.Section)+"="+string(c.Action))
 		}
 	}
-	var accepted *DebugSync
-	var rejected *DebugRejected
 	switch {
 	case r.status/100 == 2:
 		accepted = &DebugSync{At: now, Status: r.status, DurationMS: line.DurationMS, BytesIn: line.BytesIn, BytesOut: r.bytesOut,
-			ForwardedDigest: clipString(r.forwarded, maxDebugDigest)}
-		accepted.ClientDigest = clipString(r.clientDigest, maxDebugDigest)
+			ForwardedDigest: clipString(r.forwarded, maxDebugDigest), ClientDigest: clipString(r.clientDigest, maxDebugDigest)}
 		if r.res != nil {
 			accepted.ThinnedBytes = r.res.ThinnedBytes
 			accepted.Sections = debugSections(r.res)
@@ -264,26 +279,33 @@ func (p *Proxy) recordSync(r syncRecord) {
 			rejected.Sections = r.prepared.Sections(maxLoggedSections)
 		}
 	}
-	p.logSync(line) // outside the debug lock
-	p.debug.mu.Lock()
-	defer p.debug.mu.Unlock()
+	return line, accepted, rejected
+}
+
+// add keeps one configs PUT: its line in the ring, and the last accepted (with its
+// merged sections) or rejected sync. It runs once per PUT, copying small values only.
+func (d *debugLog) add(r syncRecord, now time.Time) DebugSyncLine {
+	line, accepted, rejected := r.lines(now)
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if accepted != nil {
-		p.debug.lastAccepted = accepted
+		d.lastAccepted = accepted
 		for _, m := range resMerges(r.res) {
-			if p.debug.merges == nil {
-				p.debug.merges = map[string]DebugMerge{}
+			if d.merges == nil {
+				d.merges = map[string]DebugMerge{}
 			}
-			if len(p.debug.merges) < maxDebugSections {
-				p.debug.merges[m.Section] = DebugMerge{Section: rewrite.Clip(m.Section), ClientOwned: m.ClientOwned, Kept: m.Kept, Unowned: m.Unowned, At: now}
+			if len(d.merges) < maxDebugSections {
+				d.merges[m.Section] = DebugMerge{Section: rewrite.Clip(m.Section), ClientOwned: m.ClientOwned, Kept: m.Kept, Unowned: m.Unowned, At: now}
 			}
 		}
 	}
 	if rejected != nil {
-		p.debug.lastRejected = rejected
+		d.lastRejected = rejected
 	}
-	p.debug.ring[p.debug.ringNext] = line
-	p.debug.ringNext = (p.debug.ringNext + 1) % recentSyncs
-	p.debug.ringLen = min(p.debug.ringLen+1, recentSyncs)
+	d.ring[d.ringNext] = line
+	d.ringNext = (d.ringNext + 1) % recentSyncs
+	d.ringLen = min(d.ringLen+1, recentSyncs)
+	return line
 }
 
 // setHeld records the items held back in the last accepted sync.
@@ -351,46 +373,56 @@ func (d *debugLog) noteStateWrite(err error) {
 	d.stateFile.LastWrite, d.stateFile.LastError = &now, ""
 }
 
-func (p *Proxy) noteReseed(result string, status int, took time.Duration) {
-	p.debug.mu.Lock()
-	p.debug.lastReseed = &DebugReseed{At: time.Now(), Result: result, Status: status, DurationMS: ms(took)}
-	p.debug.mu.Unlock()
+func (d *debugLog) noteReseed(result string, status int, took time.Duration) {
+	d.mu.Lock()
+	d.lastReseed = &DebugReseed{At: time.Now(), Result: result, Status: status, DurationMS: ms(took)}
+	d.mu.Unlock()
 }
 
-// DebugConfig builds the document.
-func (p *Proxy) DebugConfig() *DebugConfig {
-	belief := p.dp.Snapshot() // immutable, read without the PUT lock
-	p.debug.mu.Lock()
+// debugFacts are what /debug/config shows that the debug log does not keep: the
+// belief's snapshot and the data plane as the client sees it, gathered by the proxy.
+type debugFacts struct {
+	url          string              // --upstream, without user information
+	belief       *dataplane.Snapshot // immutable, read without the PUT lock
+	keeps        bool                // the belief keeps the configuration (re-seeding)
+	stateFile    string              // --state-dir's file ("" for none)
+	server       string              // APISIX's Server header
+	trust        DebugTrust
+	lastAnswerAt time.Time // zero: none yet
+}
+
+// document builds the /debug/config document.
+func (d *debugLog) document(f debugFacts) *DebugConfig {
+	belief := f.belief
+	d.mu.Lock()
 	doc := &DebugConfig{
 		GeneratedAt: time.Now(),
-		DataPlane: DebugDataPlane{URL: credentialFreeURL(p.upstream), Digest: clipString(belief.Digest, maxDebugDigest),
-			LastModified: clipString(belief.LastModified, maxDebugDigest), LastStatus: p.debug.lastStatus},
-		LastAccepted: p.debug.lastAccepted,
-		LastRejected: p.debug.lastRejected,
-		RecentSyncs:  make([]DebugSyncLine, 0, p.debug.ringLen),
+		DataPlane: DebugDataPlane{URL: f.url, Digest: clipString(belief.Digest, maxDebugDigest),
+			LastModified: clipString(belief.LastModified, maxDebugDigest), LastStatus: d.lastStatus},
+		LastAccepted: d.lastAccepted,
+		LastRejected: d.lastRejected,
+		RecentSyncs:  make([]DebugSyncLine, 0, d.ringLen),
 	}
-	for i := 0; i < p.debug.ringLen; i++ {
-		doc.RecentSyncs = append(doc.RecentSyncs, p.debug.ring[(p.debug.ringNext-p.debug.ringLen+i+recentSyncs)%recentSyncs])
+	for i := 0; i < d.ringLen; i++ {
+		doc.RecentSyncs = append(doc.RecentSyncs, d.ring[(d.ringNext-d.ringLen+i+recentSyncs)%recentSyncs])
 	}
-	kept, stateFile, reseed := belief.Kept, p.debug.stateFile, p.debug.lastReseed
-	for _, m := range p.debug.merges {
+	kept, stateFile, reseed := belief.Kept, d.stateFile, d.lastReseed
+	for _, m := range d.merges {
 		doc.Merge = append(doc.Merge, m)
 	}
-	doc.HeldBack = slices.Clone(p.debug.held)
-	doc.OutOfBand = append([]DebugOutOfBand{}, p.debug.outOfBand...)
-	p.debug.mu.Unlock()
+	doc.HeldBack = slices.Clone(d.held)
+	doc.OutOfBand = append([]DebugOutOfBand{}, d.outOfBand...)
+	d.mu.Unlock()
 	sort.Slice(doc.Merge, func(i, j int) bool { return doc.Merge[i].Section < doc.Merge[j].Section })
 
-	doc.DataPlane.Server = p.api.Server()
-	trusted, why := p.trustReason()
-	doc.DataPlane.Trust = DebugTrust{Mode: string(p.trust), Trusted: trusted, Why: why, Intermediary: p.api.Intermediary()}
-	if at := p.lastAnswer.Load(); at != 0 {
-		t := time.Unix(0, at)
+	doc.DataPlane.Server, doc.DataPlane.Trust = f.server, f.trust
+	if !f.lastAnswerAt.IsZero() {
+		t := f.lastAnswerAt
 		doc.DataPlane.LastAnswerAt = &t
 	}
-	if p.dp.Keeps() {
+	if f.keeps {
 		doc.Kept = &DebugKept{Sections: []DebugKeptItem{}, LastReseed: reseed}
-		if path := p.dp.StateFile(); path != "" {
+		if path := f.stateFile; path != "" {
 			stateFile.Path = path
 			doc.Kept.StateFile = &stateFile
 		}
@@ -423,13 +455,13 @@ func (p *Proxy) DebugConfig() *DebugConfig {
 
 // DebugHandler serves /debug/config; ?id=<id> answers only the recent syncs that
 // touched that id (added, changed, removed or held back, in any section).
-func (p *Proxy) DebugHandler() http.Handler {
+func debugHandler(document func() *DebugConfig) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		doc := p.DebugConfig()
+		doc := document()
 		if r.URL.Query().Has("id") {
 			id := rewrite.Clip(r.URL.Query().Get("id"))
 			_ = enc.Encode(struct {
@@ -453,44 +485,42 @@ func (d *DebugConfig) SyncsTouching(id string) []DebugSyncLine {
 	return out
 }
 
-// logSync is the sync's one log line: its correlation, status, header words and the
-// ids it touched, bounded as /debug/config bounds them.
-func (p *Proxy) logSync(line DebugSyncLine) {
-	ev := p.log.Info().Str("event", "sync").Str("sync_id", line.SyncID).Int("status", line.Status).Float64("duration_ms", line.DurationMS)
-	if line.Traceparent != "" {
-		ev = ev.Str("traceparent", line.Traceparent)
-	}
-	if line.RequestID != "" {
-		ev = ev.Str("request_id", line.RequestID)
-	}
-	if len(line.Actions) > 0 {
-		ev = ev.Strs("actions", line.Actions)
-	}
-	if len(line.Items) > 0 {
-		arr := zerolog.Arr()
-		for _, c := range line.Items {
-			d := zerolog.Dict().Str("section", c.Section)
-			for _, l := range []struct {
-				name string
-				list rewrite.IDList
-			}{{"added", c.Added}, {"changed", c.Changed}, {"removed", c.Removed}, {"held_back", c.Held}} {
-				if l.list.Count > 0 {
-					d = d.Strs(l.name, l.list.IDs).Int(l.name+"_count", l.list.Count)
-				}
-			}
-			if c.Unknown {
-				d = d.Bool("unknown", true)
-			}
-			arr = arr.Dict(d)
-		}
-		ev = ev.Array("items", arr)
-	}
-	ev.Msg("configs PUT done")
-}
-
 // credentialFreeURL is the upstream URL without user information.
 func credentialFreeURL(u *url.URL) string {
 	c := *u
 	c.User = nil
 	return c.String()
+}
+
+// Out-of-band writes (contract §7): someone wrote to the data plane behind confshim —
+// what deadlocked syncs in the first place. confshim believes the versions its own
+// last accepted write (or re-seed, or read) left; a later read that shows other
+// versions is such a write. It is counted per section, logged once and listed in
+// /debug/config, so an operator sees the gateway being edited by hand.
+
+// maxOutOfBand is how many out-of-band writes /debug/config lists.
+const maxOutOfBand = 8
+
+// DebugOutOfBand is one out-of-band write confshim learnt.
+type DebugOutOfBand struct {
+	At       time.Time          `json:"at"`
+	How      string             `json:"how"`
+	Sections []DebugVersionMove `json:"sections"`
+}
+
+// DebugVersionMove is one section's version as confshim believed it and as it found it.
+type DebugVersionMove struct {
+	Section string  `json:"section"`
+	From    float64 `json:"from"`
+	To      float64 `json:"to"`
+}
+
+// noteOutOfBand keeps the last few out-of-band writes, newest last.
+func (d *debugLog) noteOutOfBand(w DebugOutOfBand) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.outOfBand = append(d.outOfBand, w)
+	if len(d.outOfBand) > maxOutOfBand {
+		d.outOfBand = slices.Delete(d.outOfBand, 0, len(d.outOfBand)-maxOutOfBand)
+	}
 }

@@ -51,6 +51,35 @@ func ParseFallbackAnswer(s string) (FallbackAnswer, error) {
 // maxPrefixRounds bounds the rounds on 3.13/3.14, one held item per round.
 const maxPrefixRounds = 8
 
+// fallback is what §8.5 needs, read-only after New.
+type fallback struct {
+	on     bool          // --fallback backfill
+	budget time.Duration // how long a sync with fallback work may take (FallbackBudget)
+	api    *apisix.Client
+	rw     *rewrite.Rewriter
+	states *stateReader
+	send   sender
+	notes  notes
+}
+
+// backfill is the fallback's work for one sync: the sync's scope under the lock.
+type backfill struct {
+	*fallback
+	sc *scope
+}
+
+// of is the fallback of the sync in sc.
+func (f *fallback) of(sc *scope) backfill { return backfill{f, sc} }
+
+// rejectedPut is what the rounds start from: a decided PUT that APISIX answered 400.
+type rejectedPut struct {
+	out       outgoingPut
+	res       *rewrite.Result
+	in        rewrite.Input     // the body decided (its X-Digest as the client sent it, or a correction's)
+	prepared  *rewrite.Prepared // and as scanned (nil: not scanned, never corrected)
+	rejection []byte            // APISIX's 400
+}
+
 // fallbackResult is the corrected PUT that APISIX accepted.
 type fallbackResult struct {
 	ans      *apisix.Answer
@@ -63,104 +92,143 @@ type fallbackResult struct {
 	accepted *rewrite.Accepted  // the accepted copies it was made with (and a second step too)
 }
 
+// correction is the rounds' work so far: the forwarded body's plan (split once, for
+// every round), the accepted copies (read once, when the first item is held) and every
+// item held.
+type correction struct {
+	plan     *rewrite.Plan
+	accepted *rewrite.Accepted
+	held     []dataplane.Held
+}
+
 // correct is called after APISIX answered a decided PUT 400; nil means the client
 // gets that first answer. lost is a corrected PUT's transport error: it was sent and got
 // no answer, so whether APISIX applied it is unknown.
-func (b backfill) correct(out outgoingPut, res *rewrite.Result, respBody []byte) (fb *fallbackResult, lost error) {
-	pr := b.putRequest
-	p := pr.p
-	if !p.cfg.Fallback || res == nil || pr.prepared == nil || !pr.prepared.IsJSON() || !apisix.ItemLevel(respBody) {
+func (b backfill) correct(rj rejectedPut) (fb *fallbackResult, lost error) {
+	if !b.on || rj.res == nil || rj.prepared == nil || !rj.prepared.IsJSON() || !apisix.ItemLevel(rj.rejection) {
 		return nil, nil
 	}
 	ctx, cancel := b.budgeted()
 	defer cancel()
-	forwarded, err := p.rw.Prepare(out.body) // scanned once, for every round
+	forwarded, err := b.rw.Prepare(rj.out.body)
 	if err != nil {
 		return nil, nil
 	}
-	var accepted *rewrite.Accepted // read once, when the first item is held
-	plan := rewrite.NewPlan(forwarded)
-	var held []dataplane.Held
+	c := &correction{plan: rewrite.NewPlan(forwarded)}
 	for round := 0; ; round++ {
-		found, ok := b.rejections(ctx, round, plan, respBody)
-		if !ok || len(found) == 0 {
-			if round == 0 {
-				p.m.FallbackPut(metrics.FallbackUnavailable)
-				p.log.Info().Str("event", "fallback").Str("result", "unavailable").Msg("APISIX rejected an item but did not say which one; its answer goes to the client")
-			} else {
-				p.m.FallbackPut(metrics.FallbackRejected)
-			}
+		next, ok := b.nextCorrection(ctx, c, round, rj)
+		if !ok {
 			return nil, nil
 		}
-		if round > 0 { // APISIX counted in the corrected body: find the client's index
-			for i := range found {
-				found[i].Index = plan.OriginalIndex(found[i].Section, found[i].Index)
-			}
-		}
-		if accepted == nil {
-			if accepted, err = b.acceptedCopies(ctx); err != nil {
-				b.unavailable("the copies the data plane accepted could not be read", err)
-				return nil, nil
-			}
-		}
-		b.refuseCopies(ctx, plan, accepted, found)
-		held = mergeHeld(held, b.hold(plan, accepted, found))
-		corrected, err := plan.Apply()
-		if err != nil {
-			return nil, nil
-		}
-		next := b.corrected(out, corrected, held)
-		if ctx.Err() != nil { // the deadline: nothing corrected was sent, the first answer stands
-			b.unavailable("the PUT's deadline passed before the corrected PUT", ctx.Err())
-			return nil, nil
-		}
-		if !b.affords("the corrected PUT") {
-			return nil, nil // nothing corrected was sent: the first answer stands
-		}
-		if holds, err := p.stillHolds(ctx, pr.creds, pr.tx.Digest(), pr.tx.LastModified(), res.SendsUnion()); err != nil || !holds {
-			return nil, staleBelief{} // APISIX closed the connection, and what it holds moved: decide again
-		}
-		r2, done, err := b.timedPut(next) // the PUT's own deadline: never cut by the budget
-		pr.sent = append(pr.sent, done)
-		if err != nil {
-			p.m.FallbackPut(metrics.FallbackUnavailable)
-			if errors.Is(err, apisix.ErrRedial) || errors.Is(err, apisix.ErrConnectionHeld) {
-				return nil, nil // never sent: the first answer stands
-			}
+		ans, err := b.sendCorrected(ctx, c, rj.res, next)
+		switch {
+		case ans == nil:
 			return nil, err
-		}
-		if apisix.IsConflict(r2) {
-			// the belief the sync was decided on is stale (APISIX ≥ 3.15 checks items
-			// before versions, so an out-of-band write shows only now): decide again,
-			// holding what APISIX was found to reject before that PUT, without asking again
-			p.m.FallbackPut(metrics.FallbackRejected)
-			pr.carried = held
-			return nil, staleBelief{}
-		}
-		if r2.Status/100 == 2 {
-			prepared, err := p.rw.Prepare(corrected)
-			if err != nil {
-				return nil, nil
-			}
-			p.m.FallbackPut(metrics.FallbackApplied)
-			return &fallbackResult{ans: r2, out: next, prepared: prepared, held: held, plan: plan, accepted: accepted}, nil
-		}
-		if r2.Status != http.StatusBadRequest || p.api.HasValidate() || !apisix.ItemLevel(r2.Body) {
-			p.m.FallbackPut(metrics.FallbackRejected)
-			p.log.Info().Str("event", "fallback").Str("result", "rejected").Int("status", r2.Status).Str("error", errorMessage(r2.Body)).
-				Msg("APISIX rejected the corrected PUT too; its first answer goes to the client")
+		case ans.Status/100 == 2:
+			return b.appliedResult(ans, next, c), nil
+		case !b.anotherRound(ans):
 			return nil, nil
 		}
-		respBody = r2.Body // 3.13/3.14: the next round names the next item
+		rj.rejection = ans.Body // 3.13/3.14: the next round names the next item
 	}
+}
+
+// nextCorrection is one round's corrected PUT: the items APISIX rejects in it found,
+// held (backfilled or left out) and the body spliced; false when the round cannot go
+// on (APISIX did not say, the copies could not be read) and the first answer stands.
+func (b backfill) nextCorrection(ctx context.Context, c *correction, round int, rj rejectedPut) (outgoingPut, bool) {
+	found, ok := b.rejections(ctx, round, c.plan, rj.rejection)
+	if !ok || len(found) == 0 {
+		if round == 0 {
+			b.notes.m.FallbackPut(metrics.FallbackUnavailable)
+			b.notes.log.Info().Str("event", "fallback").Str("result", "unavailable").Msg("APISIX rejected an item but did not say which one; its answer goes to the client")
+		} else {
+			b.notes.m.FallbackPut(metrics.FallbackRejected)
+		}
+		return outgoingPut{}, false
+	}
+	if round > 0 { // APISIX counted in the corrected body: find the client's index
+		for i := range found {
+			found[i].Index = c.plan.OriginalIndex(found[i].Section, found[i].Index)
+		}
+	}
+	if c.accepted == nil {
+		var err error
+		if c.accepted, err = b.acceptedCopies(ctx); err != nil {
+			b.unavailable("the copies the data plane accepted could not be read", err)
+			return outgoingPut{}, false
+		}
+	}
+	b.refuseCopies(ctx, c.plan, c.accepted, found)
+	c.held = mergeHeld(c.held, b.hold(c.plan, c.accepted, found))
+	corrected, err := c.plan.Apply()
+	if err != nil {
+		return outgoingPut{}, false
+	}
+	return correctedPut(rj, corrected, c.held), true
+}
+
+// sendCorrected sends a round's corrected PUT when the deadline, the budget and the
+// data plane allow; a nil answer ends the rounds (lost: see correct; a staleBelief:
+// decide again).
+func (b backfill) sendCorrected(ctx context.Context, c *correction, res *rewrite.Result, next outgoingPut) (*apisix.Answer, error) {
+	if ctx.Err() != nil { // the deadline: nothing corrected was sent, the first answer stands
+		b.unavailable("the PUT's deadline passed before the corrected PUT", ctx.Err())
+		return nil, nil
+	}
+	if !b.affords("the corrected PUT") {
+		return nil, nil // nothing corrected was sent: the first answer stands
+	}
+	tx := b.sc.tx
+	if holds, err := b.states.stillHolds(ctx, b.sc.creds, tx.Digest(), tx.LastModified(), res.SendsUnion()); err != nil || !holds {
+		return nil, staleBelief{} // APISIX closed the connection, and what it holds moved: decide again
+	}
+	ans, err := b.send.send(b.sc, apisix.Decide, next) // the PUT's own deadline: never cut by the budget
+	if err != nil {
+		b.notes.m.FallbackPut(metrics.FallbackUnavailable)
+		if errors.Is(err, apisix.ErrRedial) || errors.Is(err, apisix.ErrConnectionHeld) {
+			return nil, nil // never sent: the first answer stands
+		}
+		return nil, err
+	}
+	if apisix.IsConflict(ans) {
+		// the belief the sync was decided on is stale (APISIX ≥ 3.15 checks items
+		// before versions, so an out-of-band write shows only now): decide again,
+		// holding what APISIX was found to reject before that PUT, without asking again
+		b.notes.m.FallbackPut(metrics.FallbackRejected)
+		return nil, staleBelief{carried: c.held}
+	}
+	return ans, nil
+}
+
+// appliedResult is the corrected PUT APISIX accepted (nil when its body cannot be scanned
+// again: the first answer stands).
+func (b backfill) appliedResult(ans *apisix.Answer, next outgoingPut, c *correction) *fallbackResult {
+	prepared, err := b.rw.Prepare(next.body)
+	if err != nil {
+		return nil
+	}
+	b.notes.m.FallbackPut(metrics.FallbackApplied)
+	return &fallbackResult{ans: ans, out: next, prepared: prepared, held: c.held, plan: c.plan, accepted: c.accepted}
+}
+
+// anotherRound: APISIX rejected the corrected PUT for an item it names on its own
+// (3.13/3.14, no validate): the next round holds that one too. Otherwise the rounds end.
+func (b backfill) anotherRound(ans *apisix.Answer) bool {
+	if ans.Status == http.StatusBadRequest && !b.api.HasValidate() && apisix.ItemLevel(ans.Body) {
+		return true
+	}
+	b.notes.m.FallbackPut(metrics.FallbackRejected)
+	b.notes.log.Info().Str("event", "fallback").Str("result", "rejected").Int("status", ans.Status).Str("error", errorMessage(ans.Body)).
+		Msg("APISIX rejected the corrected PUT too; its first answer goes to the client")
+	return false
 }
 
 // rejections are the items APISIX rejects in this round: validate's answer (3.15+, the
 // first round), or the PUT's own "invalid <key> at index <i>" message (3.13/3.14, one a
 // round, at most maxPrefixRounds). ok is false when APISIX did not say.
 func (b backfill) rejections(ctx context.Context, round int, plan *rewrite.Plan, respBody []byte) ([]rewrite.Rejection, bool) {
-	pr := b.putRequest
-	if pr.p.api.HasValidate() {
+	if b.api.HasValidate() {
 		if round > 0 {
 			return nil, false
 		}
@@ -178,8 +246,7 @@ func (b backfill) rejections(ctx context.Context, round int, plan *rewrite.Plan,
 // another consumer now holds, on 3.18) would fail the corrected PUT the same way, so
 // its item is left out instead. One validate call per section with copies to check.
 func (b backfill) refuseCopies(ctx context.Context, plan *rewrite.Plan, accepted *rewrite.Accepted, found []rewrite.Rejection) {
-	pr := b.putRequest
-	if !pr.p.api.HasValidate() {
+	if !b.api.HasValidate() {
 		return // 3.13/3.14: the next round's message names a refused copy
 	}
 	ids, copies := map[string][]string{}, map[string][][]byte{}
@@ -194,7 +261,7 @@ func (b backfill) refuseCopies(ctx context.Context, plan *rewrite.Plan, accepted
 		}
 	}
 	for section, raws := range copies {
-		errs, ok := pr.p.api.ValidateSection(ctx, pr.creds, section, raws)
+		errs, ok := b.api.ValidateSection(ctx, b.sc.creds, section, raws)
 		if !ok {
 			continue // unknown: the corrected PUT tells
 		}
@@ -220,15 +287,15 @@ func mergeHeld(held, more []dataplane.Held) []dataplane.Held {
 	return held
 }
 
-// corrected is the corrected PUT: its body, and a digest of its own (another body than
-// the client's, so APISIX never answers it 204 for the client's digest).
-func (b backfill) corrected(out outgoingPut, body []byte, held []dataplane.Held) outgoingPut {
-	pr := b.putRequest
+// correctedPut is the corrected PUT: its body, and a digest of its own (another body
+// than the client's, so APISIX never answers it 204 for the client's digest).
+func correctedPut(rj rejectedPut, body []byte, held []dataplane.Held) outgoingPut {
+	out := rj.out
 	next := outgoingPut{body: body, digest: out.digest, setDigest: out.setDigest}
-	if pr.in.HasDigest {
+	if rj.in.HasDigest {
 		base := out.digest
 		if !out.setDigest {
-			base = pr.in.Digest
+			base = rj.in.Digest
 		}
 		next.digest, next.setDigest = base+"+backfill:"+correctionHash(held), true
 	}
@@ -239,13 +306,13 @@ func (b backfill) corrected(out outgoingPut, body []byte, held []dataplane.Held)
 // APISIX accepted (then, where held items now pass, the second one), or nil. Every
 // answer was read whole, so each request finds its connection free. lost: see
 // correct.
-func (b backfill) afterRejection(out outgoingPut, res *rewrite.Result, respBody []byte) (*fallbackResult, error) {
-	fb, lost := b.correct(out, res, respBody)
+func (b backfill) afterRejection(rj rejectedPut) (*fallbackResult, error) {
+	fb, lost := b.correct(rj)
 	if fb == nil {
 		return nil, lost
 	}
 	fb.changed = backfilledSections(fb.held)
-	fb2, err := b.secondStep(fb, res)
+	fb2, err := b.secondStep(fb, rj.res)
 	if err != nil {
 		return nil, err
 	}
@@ -260,8 +327,12 @@ func (b backfill) afterRejection(out outgoingPut, res *rewrite.Result, respBody 
 // moved while its connection closed): the belief the sync was decided on is stale, and
 // the whole sync is decided again on a fresh read (§5.4, §8.5). landed: a corrected
 // PUT of this sync was applied before, so the versions confshim believed are its own
-// write's, not a stranger's.
-type staleBelief struct{ landed bool }
+// write's, not a stranger's. carried: what a fallback of this sync held before it met
+// the conflict, held again before the PUT decided anew without asking APISIX again.
+type staleBelief struct {
+	landed  bool
+	carried []dataplane.Held
+}
 
 func (staleBelief) Error() string {
 	return "the data plane's state moved under the sync; deciding again"
@@ -270,34 +341,31 @@ func (staleBelief) Error() string {
 // unavailable counts and logs a fallback that could not go on: the client gets the last
 // complete answer confshim has.
 func (b backfill) unavailable(why string, err error) {
-	pr := b.putRequest
-	pr.p.m.FallbackPut(metrics.FallbackUnavailable)
-	pr.p.log.Info().Str("event", "fallback").Str("result", "unavailable").Str("error", apisix.SafeError(err)).
+	b.notes.m.FallbackPut(metrics.FallbackUnavailable)
+	b.notes.log.Info().Str("event", "fallback").Str("result", "unavailable").Str("error", apisix.SafeError(err)).
 		Msg(why + "; the last complete answer goes to the client")
 }
 
-// allHeld is every item this PUT held back: before it (the steady state) and after
+// allHeld is every item a PUT held back: before it (the steady state) and after
 // APISIX rejected the corrected body (new items).
-func (b backfill) allHeld(fb *fallbackResult) []dataplane.Held {
-	pr := b.putRequest
+func allHeld(before []dataplane.Held, fb *fallbackResult) []dataplane.Held {
 	if fb == nil {
-		return pr.heldUpfront
+		return before
 	}
-	return append(slices.Clip(pr.heldUpfront), fb.held...)
+	return append(slices.Clip(before), fb.held...)
 }
 
 // validateItems asks APISIX which items of the sections the PUT carries it rejects,
 // in pieces under its 1.5 MiB cap; false when it could not say. The plan's split of
 // each section serves the correction too.
 func (b backfill) validateItems(ctx context.Context, plan *rewrite.Plan) ([]rewrite.Rejection, bool) {
-	pr := b.putRequest
 	var found []rewrite.Rejection
 	for _, section := range plan.ItemSections() {
 		items := plan.Items(section)
 		if len(items) == 0 {
 			continue
 		}
-		errs, ok := pr.p.api.ValidateSection(ctx, pr.creds, section, rawItems(items))
+		errs, ok := b.api.ValidateSection(ctx, b.sc.creds, section, rawItems(items))
 		if !ok {
 			return nil, false
 		}
@@ -308,8 +376,7 @@ func (b backfill) validateItems(ctx context.Context, plan *rewrite.Plan) ([]rewr
 
 // passes validates one item alone: true when APISIX answered and accepts it now.
 func (b backfill) passes(ctx context.Context, section string, raw []byte) bool {
-	pr := b.putRequest
-	errs, ok := pr.p.api.ValidateSection(ctx, pr.creds, section, [][]byte{raw})
+	errs, ok := b.api.ValidateSection(ctx, b.sc.creds, section, [][]byte{raw})
 	return ok && len(errs) == 0
 }
 
@@ -325,14 +392,13 @@ func rawItems(items []rewrite.Item) [][]byte {
 // and what they strand), and keeps for each what the next syncs need: its content's
 // fingerprint, since when, on which APISIX. It says each newly held item once.
 func (b backfill) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found []rewrite.Rejection) []dataplane.Held {
-	pr := b.putRequest
 	now := time.Now()
 	var held []dataplane.Held
 	for _, h := range plan.Hold(found, accepted) {
 		item := dataplane.Held{Section: h.Section, ID: h.ID, Error: clipString(h.Error, maxDebugMessage), Since: now, Backfilled: h.Backfilled,
 			DependsOnState: apisix.StateDependent(h.Error),
-			Sum:            pr.p.rw.ItemFingerprint(h.Raw), Raw: h.Raw, Server: pr.p.api.Server()}
-		prev, seen := pr.tx.HeldItem(h.Section, h.ID)
+			Sum:            b.rw.ItemFingerprint(h.Raw), Raw: h.Raw, Server: b.api.Server()}
+		prev, seen := b.sc.tx.HeldItem(h.Section, h.ID)
 		if seen && prev.Sum == item.Sum {
 			item.Since = prev.Since // said when it was first held back
 		} else {
@@ -340,7 +406,7 @@ func (b backfill) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found []r
 			if item.Backfilled {
 				outcome = "backfilled"
 			}
-			pr.p.log.Warn().Str("event", "held_back").Str("section", rewrite.Clip(item.Section)).Str("id", rewrite.Clip(item.ID)).
+			b.notes.log.Warn().Str("event", "held_back").Str("section", rewrite.Clip(item.Section)).Str("id", rewrite.Clip(item.ID)).
 				Str("outcome", outcome).Str("error", item.Error).Msg("APISIX rejects this item; the rest of the sync goes on without it")
 		}
 		held = append(held, item)
@@ -351,19 +417,18 @@ func (b backfill) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found []r
 // acceptedCopies are the copies of items the data plane last accepted: the kept
 // configuration, else the data plane's own copy (read when not known).
 func (b backfill) acceptedCopies(ctx context.Context) (*rewrite.Accepted, error) {
-	pr := b.putRequest
-	p := pr.p
+	tx := b.sc.tx
 	switch {
-	case pr.tx.Kept() != nil:
+	case tx.Kept() != nil:
 		items := map[string][]byte{}
-		for s, raw := range pr.tx.Kept().Items {
+		for s, raw := range tx.Kept().Items {
 			items[s] = raw
 		}
 		return rewrite.NewAccepted(items), nil
-	case pr.tx.State() != nil && pr.tx.State().ItemsKnown:
-		return rewrite.NewAccepted(pr.tx.State().Items), nil
+	case tx.State() != nil && tx.State().ItemsKnown:
+		return rewrite.NewAccepted(tx.State().Items), nil
 	}
-	st, _, _, err := p.readState(ctx, pr.creds)
+	st, _, _, err := b.states.readState(ctx, b.sc.creds)
 	if err != nil {
 		return nil, err
 	}
@@ -383,8 +448,8 @@ func correctionHash(held []dataplane.Held) string {
 
 // correctionOf is the correction of an accepted pre-held sync, kept for the same client
 // bytes next time (nil when a held section cannot be kept so).
-func (p *Proxy) correctionOf(client, corrected *rewrite.Prepared, held []dataplane.Held) *dataplane.Correction {
-	c := &dataplane.Correction{Server: p.api.Server(), Sections: map[string]rewrite.SectionCorrection{}}
+func (f *fallback) correctionOf(client, corrected *rewrite.Prepared, held []dataplane.Held) *dataplane.Correction {
+	c := &dataplane.Correction{Server: f.api.Server(), Sections: map[string]rewrite.SectionCorrection{}}
 	for _, section := range backfilledSections(held) {
 		sum, ok := client.SectionSum(section)
 		items, _ := corrected.JSONItems(section)
@@ -399,16 +464,14 @@ func (p *Proxy) correctionOf(client, corrected *rewrite.Prepared, held []datapla
 // steadyState is the steady state of §8.5: before the PUT, an item held back in the last
 // accepted sync and sent again byte for byte is held back again — with no failed round
 // trip and no validate call while APISIX's version is unchanged; one rejected for what
-// the data plane holds is validated again, alone, and goes when it passes. It returns
-// the corrected client body, or nil when nothing is held.
-func (b backfill) steadyState(ctx context.Context) ([]byte, []dataplane.Held) {
-	pr := b.putRequest
-	p := pr.p
-	known := b.knownHeld()
-	if !p.cfg.Fallback || len(known) == 0 || pr.prepared == nil || !pr.prepared.IsJSON() {
+// the data plane holds is validated again, alone, and goes when it passes. client is
+// the client's body as scanned, carried what a fallback of this sync held before it had
+// to be decided again. It returns the corrected client body, or nil when nothing is held.
+func (b backfill) steadyState(ctx context.Context, client *rewrite.Prepared, carried []dataplane.Held) ([]byte, []dataplane.Held) {
+	known := b.knownHeld(carried)
+	if !b.on || len(known) == 0 || client == nil || !client.IsJSON() {
 		return nil, nil
 	}
-	var found []rewrite.Rejection
 	sections := map[string]bool{}
 	stateDependent := false
 	for _, h := range known {
@@ -417,27 +480,13 @@ func (b backfill) steadyState(ctx context.Context) ([]byte, []dataplane.Held) {
 	}
 	// The same client bytes of every held section as in the last sync, on the same
 	// APISIX, nothing to validate again: the last correction serves as it is.
-	if len(pr.carried) == 0 {
-		if corrected, held := b.reuseCorrection(sections, stateDependent); corrected != nil {
+	if len(carried) == 0 {
+		if corrected, held := b.reuseCorrection(client, sections, stateDependent); corrected != nil {
 			return corrected, held
 		}
 	}
-	// Otherwise each held section is split once (the plan keeps it for the correction)
-	// and its items matched by id and content (§8.1's identity: a re-stamped
-	// modifiedIndex does not count), so ADC's re-stamped syncs are held back the same.
-	plan := rewrite.NewPlan(pr.prepared)
-	for section := range sections {
-		for i, it := range plan.Items(section) {
-			h, ok := known[section+"\x00"+it.ID]
-			if !ok || it.ID == "" || h.Server != p.api.Server() || h.Sum != p.rw.ItemFingerprint(it.Raw) {
-				continue // changed, or another APISIX: it goes and APISIX judges it
-			}
-			if h.DependsOnState && b.passes(ctx, section, it.Raw) {
-				continue // the conflict is gone: it lands now
-			}
-			found = append(found, rewrite.Rejection{Section: section, Index: i, Error: h.Error})
-		}
-	}
+	plan := rewrite.NewPlan(client)
+	found := b.stillRejected(ctx, plan, sections, known)
 	if len(found) == 0 {
 		return nil, nil
 	}
@@ -458,19 +507,40 @@ func (b backfill) steadyState(ctx context.Context) ([]byte, []dataplane.Held) {
 	return corrected, held
 }
 
+// stillRejected are the known held items the client sent again unchanged: each held
+// section is split once (the plan keeps it for the correction) and its items matched
+// by id and content (§8.1's identity: a re-stamped modifiedIndex does not count), so
+// ADC's re-stamped syncs are held back the same. One rejected for what the data plane
+// holds goes when it passes alone now.
+func (b backfill) stillRejected(ctx context.Context, plan *rewrite.Plan, sections map[string]bool, known map[string]dataplane.Held) []rewrite.Rejection {
+	var found []rewrite.Rejection
+	for section := range sections {
+		for i, it := range plan.Items(section) {
+			h, ok := known[section+"\x00"+it.ID]
+			if !ok || it.ID == "" || h.Server != b.api.Server() || h.Sum != b.rw.ItemFingerprint(it.Raw) {
+				continue // changed, or another APISIX: it goes and APISIX judges it
+			}
+			if h.DependsOnState && b.passes(ctx, section, it.Raw) {
+				continue // the conflict is gone: it lands now
+			}
+			found = append(found, rewrite.Rejection{Section: section, Index: i, Error: h.Error})
+		}
+	}
+	return found
+}
+
 // knownHeld are the items known to be rejected, by section and id: those held back in
 // the last accepted sync, and those a fallback of this sync held before it had to be
 // decided again (these win).
-func (b backfill) knownHeld() map[string]dataplane.Held {
-	pr := b.putRequest
-	if len(pr.carried) == 0 {
-		return pr.tx.HeldBack()
+func (b backfill) knownHeld(carried []dataplane.Held) map[string]dataplane.Held {
+	if len(carried) == 0 {
+		return b.sc.tx.HeldBack()
 	}
-	known := maps.Clone(pr.tx.HeldBack())
+	known := maps.Clone(b.sc.tx.HeldBack())
 	if known == nil {
 		known = map[string]dataplane.Held{}
 	}
-	for _, h := range pr.carried {
+	for _, h := range carried {
 		known[h.Section+"\x00"+h.ID] = h
 	}
 	return known
@@ -479,11 +549,10 @@ func (b backfill) knownHeld() map[string]dataplane.Held {
 // reuseCorrection is the correction made before the last accepted PUT, applied again
 // when every held section carries the same client bytes on the same APISIX (and none
 // waits for what the data plane holds): no split, no validate.
-func (b backfill) reuseCorrection(sections map[string]bool, stateDependent bool) ([]byte, []dataplane.Held) {
-	pr := b.putRequest
-	p := pr.p
-	cached := pr.tx.Correction()
-	if cached == nil || stateDependent || cached.Server != p.api.Server() {
+func (b backfill) reuseCorrection(client *rewrite.Prepared, sections map[string]bool, stateDependent bool) ([]byte, []dataplane.Held) {
+	tx := b.sc.tx
+	cached := tx.Correction()
+	if cached == nil || stateDependent || cached.Server != b.api.Server() {
 		return nil, nil
 	}
 	corrections := make(map[string]rewrite.SectionCorrection, len(sections))
@@ -494,12 +563,12 @@ func (b backfill) reuseCorrection(sections map[string]bool, stateDependent bool)
 		}
 		corrections[section] = c
 	}
-	corrected, ok := pr.prepared.Reapply(corrections)
+	corrected, ok := client.Reapply(corrections)
 	if !ok {
 		return nil, nil
 	}
-	held := make([]dataplane.Held, 0, len(pr.tx.HeldBack()))
-	for _, h := range pr.tx.HeldBack() {
+	held := make([]dataplane.Held, 0, len(tx.HeldBack()))
+	for _, h := range tx.HeldBack() {
 		held = append(held, h)
 	}
 	return corrected, held
@@ -511,8 +580,6 @@ func (b backfill) reuseCorrection(sections map[string]bool, stateDependent bool)
 // follows a 202 by up to about a second, so validation is retried for up to 2 s. It
 // returns the second PUT's result, or nil.
 func (b backfill) secondStep(fb *fallbackResult, res *rewrite.Result) (*fallbackResult, error) {
-	pr := b.putRequest
-	p := pr.p
 	var waiting []dataplane.Held
 	for _, h := range fb.held {
 		if h.DependsOnState {
@@ -524,12 +591,35 @@ func (b backfill) secondStep(fb *fallbackResult, res *rewrite.Result) (*fallback
 	}
 	ctx, cancel := b.budgeted()
 	defer cancel()
+	passed := b.awaitPassing(ctx, waiting)
+	if passed == nil {
+		return nil, nil
+	}
+	next, held, versions, ok := b.secondPut(fb, res, passed)
+	if !ok {
+		return nil, nil
+	}
+	if ctx.Err() != nil {
+		b.unavailable("the PUT's deadline passed before the second PUT", ctx.Err())
+		return nil, nil
+	}
+	if !b.affords("the second PUT") {
+		return nil, nil
+	}
+	if holds, err := b.states.stillHolds(ctx, b.sc.creds, fb.ans.Header.Get("X-Digest"), fb.ans.Header.Get("X-Last-Modified"), res.SendsUnion()); err != nil || !holds {
+		return nil, staleBelief{landed: true}
+	}
+	return b.sendSecond(next, held, versions, len(passed))
+}
+
+// awaitPassing validates the waiting items again, alone, until some pass (their ids,
+// by section) or the window, the budget or the deadline ends (nil).
+func (b backfill) awaitPassing(ctx context.Context, waiting []dataplane.Held) map[string]bool {
 	deadline := time.Now().Add(secondStepWindow)
-	if end := b.budgetEnd().Add(-pr.putTook); end.Before(deadline) {
+	if end := b.budgetEnd().Add(-b.sc.lent.took); end.Before(deadline) {
 		deadline = end // the second PUT must still fit in the budget
 	}
-	var passed map[string]bool
-	for passed == nil && time.Now().Before(deadline) {
+	for time.Now().Before(deadline) {
 		ok := map[string]bool{}
 		for _, h := range waiting {
 			if b.passes(ctx, h.Section, h.Raw) {
@@ -537,24 +627,24 @@ func (b backfill) secondStep(fb *fallbackResult, res *rewrite.Result) (*fallback
 			}
 		}
 		if len(ok) > 0 {
-			passed = ok
-			break
+			return ok
 		}
 		select {
 		case <-ctx.Done():
 			b.unavailable("the PUT's deadline passed while held items were validated again", ctx.Err())
-			return nil, nil
+			return nil
 		case <-time.After(secondStepPause):
 		}
 	}
-	if passed == nil {
-		if ctx.Err() != nil {
-			b.unavailable("the PUT's deadline passed while held items were validated again", ctx.Err())
-		}
-		return nil, nil
+	if ctx.Err() != nil {
+		b.unavailable("the PUT's deadline passed while held items were validated again", ctx.Err())
 	}
-	// the forwarded body again, holding back only what still fails, the sections that
-	// change once more at a version above the corrected PUT's
+	return nil
+}
+
+// secondPut is the forwarded body again, holding back only what still fails, the
+// sections that change once more at a version above the corrected PUT's.
+func (b backfill) secondPut(fb *fallbackResult, res *rewrite.Result, passed map[string]bool) (outgoingPut, []dataplane.Held, map[string]float64, bool) {
 	plan := fb.plan.Fresh() // the forwarded body, split once already
 	var still []rewrite.Rejection
 	versions := map[string]float64{}
@@ -566,10 +656,11 @@ func (b backfill) secondStep(fb *fallbackResult, res *rewrite.Result) (*fallback
 			continue
 		}
 		for _, o := range res.Outcomes() {
-			if o.Section == h.Section {
-				if v, ok := rewrite.NextVersion(o.Version); ok {
-					versions[h.Section] = v
-				}
+			if o.Section != h.Section {
+				continue
+			}
+			if v, ok := rewrite.NextVersion(o.Version); ok {
+				versions[h.Section] = v
 			}
 		}
 	}
@@ -577,87 +668,56 @@ func (b backfill) secondStep(fb *fallbackResult, res *rewrite.Result) (*fallback
 	plan.Splice.Versions = versions
 	body, err := plan.Apply()
 	if err != nil {
-		return nil, nil
+		return outgoingPut{}, nil, nil, false
 	}
-	if ctx.Err() != nil {
-		b.unavailable("the PUT's deadline passed before the second PUT", ctx.Err())
-		return nil, nil
-	}
-	if !b.affords("the second PUT") {
-		return nil, nil
-	}
-	next := outgoingPut{body: body, digest: fb.out.digest + "+2", setDigest: fb.out.setDigest}
-	if holds, err := p.stillHolds(ctx, pr.creds, fb.ans.Header.Get("X-Digest"), fb.ans.Header.Get("X-Last-Modified"), res.SendsUnion()); err != nil || !holds {
-		return nil, staleBelief{landed: true}
-	}
-	r2, done, err := b.timedPut(next)
-	pr.sent = append(pr.sent, done)
-	if err != nil {
-		// the second PUT got no answer: the client gets the first corrected PUT's, and
-		// the state is read afresh next time (the second may have landed)
-		pr.tx.Forget()
+	return outgoingPut{body: body, digest: fb.out.digest + "+2", setDigest: fb.out.setDigest}, held, versions, true
+}
+
+// sendSecond sends the second PUT; nil: the client gets the first corrected PUT's answer.
+func (b backfill) sendSecond(next outgoingPut, held []dataplane.Held, versions map[string]float64, landed int) (*fallbackResult, error) {
+	r2, err := b.send.send(b.sc, apisix.Decide, next)
+	switch {
+	case err != nil:
+		// the second PUT got no answer: the state is read afresh next time (the second
+		// may have landed)
+		b.sc.tx.Forget()
 		b.unavailable("the second PUT got no answer", err)
 		return nil, nil
-	}
-	if apisix.IsConflict(r2) {
+	case apisix.IsConflict(r2):
 		return nil, staleBelief{landed: true}
-	}
-	if r2.Status/100 != 2 {
+	case r2.Status/100 != 2:
 		return nil, nil
 	}
-	prepared, err := p.rw.Prepare(body)
+	prepared, err := b.rw.Prepare(next.body)
 	if err != nil {
 		return nil, nil
 	}
-	p.log.Info().Str("event", "fallback").Str("result", "second_put").Int("landed", len(passed)).
+	b.notes.log.Info().Str("event", "fallback").Str("result", "second_put").Int("landed", landed).
 		Msg("items rejected for what the data plane held passed once the rest was applied; sent in a second PUT")
 	return &fallbackResult{ans: r2, out: next, prepared: prepared, held: held, versions: versions}, nil
 }
-
-// backfill is §8.5 for one configs PUT: the steady state (items known to be rejected,
-// held before the PUT), the rounds after APISIX rejected it, the corrected PUT, the
-// second step, all within the budget. It works on the PUT it belongs to.
-type backfill struct{ *putRequest }
-
-// backfill is the PUT's fallback.
-func (pr *putRequest) backfill() backfill { return backfill{pr} }
 
 // FallbackBudget is how long a sync with fallback work may take before its client is
 // answered with what is known (§8.5): the controller gives ADC 15 s per sync.
 const FallbackBudget = 10 * time.Second
 
 // budgetEnd is when the sync's fallback work must stop, counted from its arrival.
-func (b backfill) budgetEnd() time.Time {
-	pr := b.putRequest
-	return pr.start.Add(pr.p.cfg.FallbackBudget)
-}
+func (b backfill) budgetEnd() time.Time { return b.sc.start.Add(b.budget) }
 
 // budgeted is the PUT's context bounded by the fallback's budget, for what may be cut
 // short without leaving an outcome unknown: validate calls, the waits between them.
 func (b backfill) budgeted() (context.Context, context.CancelFunc) {
-	pr := b.putRequest
-	return context.WithDeadline(pr.ctx, b.budgetEnd())
+	return context.WithDeadline(b.sc.ctx, b.budgetEnd())
 }
 
 // affords: a PUT as long as the last one still fits in the budget; otherwise the client
 // is answered with what is known, and nothing more is sent.
 func (b backfill) affords(what string) bool {
-	pr := b.putRequest
-	if time.Until(b.budgetEnd()) > pr.putTook {
+	if time.Until(b.budgetEnd()) > b.sc.lent.took {
 		return true
 	}
-	b.unavailable("the budget of a sync with fallback work ("+pr.p.cfg.FallbackBudget.String()+") ends before "+what, context.DeadlineExceeded)
+	b.unavailable("the budget of a sync with fallback work ("+b.budget.String()+") ends before "+what, context.DeadlineExceeded)
 	return false
-}
-
-// timedPut sends a PUT of this sync on the decide connection, under the PUT's own
-// deadline, and keeps how long it took (the next PUT is expected to take as long).
-func (b backfill) timedPut(out outgoingPut) (*apisix.Answer, <-chan struct{}, error) {
-	pr := b.putRequest
-	start := time.Now()
-	ans, done, err := pr.p.forwardPut(apisix.NoRedial(pr.ctx), apisix.Decide, pr.r, out)
-	pr.putTook = time.Since(start)
-	return ans, done, err
 }
 
 // secondStepWindow and secondStepPause: how long and how often held items are
@@ -666,20 +726,3 @@ const (
 	secondStepWindow = 2 * time.Second
 	secondStepPause  = 200 * time.Millisecond
 )
-
-// noteLastHeld shows the items held back in the last accepted sync: metrics, /debug/config
-// (the belief recorded them with the answer).
-func (p *Proxy) noteLastHeld(held []dataplane.Held) {
-	if !p.cfg.Fallback {
-		return
-	}
-	counts := map[string]int{}
-	for _, h := range held {
-		counts[metrics.SectionLabel(h.Section)]++
-		p.m.SectionRewrites.WithLabelValues(metrics.SectionLabel(h.Section), string(rewrite.Backfilled)).Inc()
-	}
-	for _, s := range append(slices.Clone(rewrite.KnownSections), "other") {
-		p.m.HeldBackItems.WithLabelValues(s).Set(float64(counts[s]))
-	}
-	p.debug.setHeld(held)
-}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/rs/zerolog"
 
 	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/metrics"
@@ -43,31 +44,33 @@ func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 // observe logs one access line per request and feeds the request metrics. It logs
 // the path only: the query may carry api_key, headers and cookies the admin key,
 // bodies SSL keys and consumer credentials.
-func (p *Proxy) observe(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		sw := &statusWriter{ResponseWriter: w}
-		next.ServeHTTP(sw, r)
-		route := metrics.RoutePassthrough
-		if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.RoutePattern() == apisix.ConfigsPath {
-			route = metrics.RouteConfigsPut
-		}
-		if sw.status == 0 {
-			sw.status = http.StatusOK
-		}
-		elapsed := time.Since(start)
-		p.m.Requests.WithLabelValues(metrics.MethodLabel(r.Method), string(route), strconv.Itoa(sw.status)).Inc()
-		p.m.RequestDuration.WithLabelValues(string(route)).Observe(elapsed.Seconds())
-		p.log.Info().
-			Str("event", "access").
-			Str("method", r.Method).
-			Str("path", r.URL.Path).
-			Str("route", string(route)).
-			Int("status", sw.status).
-			Int64("bytes_in", r.ContentLength).
-			Int64("bytes_out", sw.bytes).
-			Float64("duration_ms", float64(elapsed.Microseconds())/1000).
-			Str("remote", r.RemoteAddr).
-			Msg("request")
-	})
+func observe(log zerolog.Logger, m *metrics.Metrics) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			sw := &statusWriter{ResponseWriter: w}
+			next.ServeHTTP(sw, r)
+			route := metrics.RoutePassthrough
+			if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.RoutePattern() == apisix.ConfigsPath {
+				route = metrics.RouteConfigsPut
+			}
+			if sw.status == 0 {
+				sw.status = http.StatusOK
+			}
+			elapsed := time.Since(start)
+			m.Requests.WithLabelValues(metrics.MethodLabel(r.Method), string(route), strconv.Itoa(sw.status)).Inc()
+			m.RequestDuration.WithLabelValues(string(route)).Observe(elapsed.Seconds())
+			log.Info().
+				Str("event", "access").
+				Str("method", r.Method).
+				Str("path", r.URL.Path).
+				Str("route", string(route)).
+				Int("status", sw.status).
+				Int64("bytes_in", r.ContentLength).
+				Int64("bytes_out", sw.bytes).
+				Float64("duration_ms", float64(elapsed.Microseconds())/1000).
+				Str("remote", r.RemoteAddr).
+				Msg("request")
+		})
+	}
 }

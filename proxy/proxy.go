@@ -8,7 +8,6 @@ package proxy
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -80,86 +79,32 @@ type Config struct {
 	Transport http.RoundTripper
 }
 
-// Proxy is the confshim reverse proxy.
+// Proxy is the confshim reverse proxy: the configs PUT's stages (syncer) and the
+// stream of everything else to APISIX.
 type Proxy struct {
 	cfg      Config
 	upstream *url.URL
 	api      *apisix.Client
 	rp       *httputil.ReverseProxy
-	rw       *rewrite.Rewriter
-	log      zerolog.Logger
-	m        *metrics.Metrics
 	handler  http.Handler
 
 	// dp is what confshim believes about the data plane; its PUT lock serialises
 	// configs PUTs.
-	dp    *dataplane.Belief
-	watch *reseed.Watcher // nil with --reseed-interval 0
+	dp     *dataplane.Belief
+	watch  *reseed.Watcher // nil with --reseed-interval 0
+	sync   *syncer         // the configs PUT
+	states *stateReader
+	notes  notes
+	replies
 
-	lastAnswer      atomic.Int64                   // unix nanos of the upstream's last HTTP answer
-	bufs            buffers                        // request and rewrite buffers
-	budget          *bodyBudget                    // request bodies buffered at once
-	layout          atomic.Pointer[rewrite.Layout] // the last JSON body's shape, for PrepareLike
-	correctedLayout atomic.Pointer[rewrite.Layout] // the last body corrected before the PUT (§8.5)
-	debug           *debugLog                      // what /debug/config shows
-	trust           TrustMode                      // --trust-connection (state.go)
-	loopback        bool                           // --upstream is this host's loopback (IsLoopback)
+	lastAnswer atomic.Int64 // unix nanos of the upstream's last HTTP answer
 }
 
 // New validates cfg and returns the proxy; every error names the setting at fault.
 func New(cfg Config) (*Proxy, error) {
-	var errs []error
-	u, err := url.Parse(cfg.Upstream)
-	switch {
-	case err != nil:
-		var uerr *url.Error
-		if errors.As(err, &uerr) {
-			err = uerr.Err // url.Error quotes the URL, password included
-		}
-		errs = append(errs, fmt.Errorf("--upstream: %v", err))
-	case u.Scheme != "http" && u.Scheme != "https":
-		errs = append(errs, fmt.Errorf("--upstream: scheme must be http or https, got %q", u.Scheme))
-	case u.Host == "":
-		errs = append(errs, errors.New("--upstream: missing host"))
-	case u.RawQuery != "" || u.Fragment != "":
-		errs = append(errs, errors.New("--upstream: must not have a query or fragment"))
-	}
-	if cfg.MaxBodyBytes <= 0 {
-		errs = append(errs, errors.New("--max-body-bytes: must be positive"))
-	}
-	if cfg.UpstreamTimeout <= 0 {
-		errs = append(errs, errors.New("--upstream-timeout: must be positive"))
-	}
-	if cfg.BodyBudgetBytes == 0 {
-		cfg.BodyBudgetBytes = 4 * cfg.MaxBodyBytes
-	}
-	if cfg.BodyBudgetBytes < cfg.MaxBodyBytes {
-		errs = append(errs, errors.New("--body-budget-bytes: must be at least --max-body-bytes"))
-	}
-	if cfg.ReadyWindow <= 0 {
-		cfg.ReadyWindow = 10 * time.Second
-	}
-	if cfg.BodyBudgetWait <= 0 {
-		cfg.BodyBudgetWait = 10 * time.Second
-	}
-	if cfg.Metrics == nil {
-		errs = append(errs, errors.New("proxy: Metrics is required"))
-	}
-	if cfg.FallbackBudget <= 0 {
-		cfg.FallbackBudget = FallbackBudget
-	}
-	if cfg.FallbackAnswer == "" {
-		cfg.FallbackAnswer = AnswerRejection
-	}
-	if _, err := ParseFallbackAnswer(string(cfg.FallbackAnswer)); err != nil {
-		errs = append(errs, fmt.Errorf("--fallback-answer: %v", err))
-	}
-	if cfg.TrustConnection == "" {
-		cfg.TrustConnection = TrustAuto
-	}
-	if _, err := ParseTrustMode(string(cfg.TrustConnection)); err != nil {
-		errs = append(errs, fmt.Errorf("--trust-connection: %v", err))
-	}
+	u, errs := parseUpstream(cfg.Upstream)
+	cfg.defaults()
+	errs = append(errs, cfg.problems()...)
 	tlsCfg := apisix.TLSConfig{CAFile: cfg.UpstreamCAFile, InsecureSkipVerify: cfg.UpstreamInsecureSkipVerify,
 		ClientCertFile: cfg.UpstreamClientCertFile, ClientKeyFile: cfg.UpstreamClientKeyFile}
 	transport := cfg.Transport
@@ -173,25 +118,97 @@ func New(cfg Config) (*Proxy, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
-	p := &Proxy{
-		cfg:      cfg,
-		upstream: u,
-		rw:       rewrite.NewMerging(cfg.Preserve, cfg.Merge),
-		log:      cfg.Logger,
-		m:        cfg.Metrics,
-		bufs:     make(buffers, 3), // the PUT being read, the one being rewritten, its output
-		budget:   newBodyBudget(cfg.BodyBudgetBytes),
-		trust:    cfg.TrustConnection,
-		loopback: IsLoopback(u),
-	}
-	p.debug = &debugLog{}
+	p := &Proxy{cfg: cfg, upstream: u}
+	p.notes = notes{log: cfg.Logger, m: cfg.Metrics, debug: &debugLog{}}
+	p.replies = replies{log: cfg.Logger, m: cfg.Metrics, upstreamTimeout: cfg.UpstreamTimeout}
 	api, err := apisix.New(apisix.Config{Upstream: u, Timeout: cfg.UpstreamTimeout, Transport: transport, Logger: cfg.Logger,
 		OnAnswer: p.noteAnswer, TLS: tlsCfg})
 	if err != nil {
 		return nil, err
 	}
 	p.api = api
+	p.dp = p.loadBelief()
+	p.states = &stateReader{api: api, trust: cfg.TrustConnection, loopback: IsLoopback(u), stateLimit: 4 * cfg.MaxBodyBytes, notes: p.notes}
+	if cfg.ReseedInterval > 0 {
+		p.watch = reseed.New(reseed.Config{Interval: cfg.ReseedInterval, SafetyInterval: cfg.WatchSafetyInterval, AdminKey: cfg.AdminKey,
+			API: api, Belief: p.dp, Metrics: cfg.Metrics, Log: cfg.Logger, Host: watchHost{p}})
+	}
+	p.sync = p.newSyncer()
+	p.rp = p.reverseProxy()
+	p.handler = p.routes()
+	return p, nil
+}
+
+// parseUpstream reads --upstream: an http or https base URL, nothing more.
+func parseUpstream(s string) (*url.URL, []error) {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err // url.Error quotes the URL, password included
+		}
+		return nil, []error{fmt.Errorf("--upstream: %v", err)}
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, []error{fmt.Errorf("--upstream: scheme must be http or https, got %q", u.Scheme)}
+	case u.Host == "":
+		return nil, []error{errors.New("--upstream: missing host")}
+	case u.RawQuery != "" || u.Fragment != "":
+		return nil, []error{errors.New("--upstream: must not have a query or fragment")}
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	return u, nil
+}
+
+// defaults fills what was left zero.
+func (cfg *Config) defaults() {
+	if cfg.BodyBudgetBytes == 0 {
+		cfg.BodyBudgetBytes = 4 * cfg.MaxBodyBytes
+	}
+	if cfg.ReadyWindow <= 0 {
+		cfg.ReadyWindow = 10 * time.Second
+	}
+	if cfg.BodyBudgetWait <= 0 {
+		cfg.BodyBudgetWait = 10 * time.Second
+	}
+	if cfg.FallbackBudget <= 0 {
+		cfg.FallbackBudget = FallbackBudget
+	}
+	if cfg.FallbackAnswer == "" {
+		cfg.FallbackAnswer = AnswerRejection
+	}
+	if cfg.TrustConnection == "" {
+		cfg.TrustConnection = TrustAuto
+	}
+}
+
+// problems are the settings that cannot work, each named.
+func (cfg *Config) problems() []error {
+	var errs []error
+	if cfg.MaxBodyBytes <= 0 {
+		errs = append(errs, errors.New("--max-body-bytes: must be positive"))
+	}
+	if cfg.UpstreamTimeout <= 0 {
+		errs = append(errs, errors.New("--upstream-timeout: must be positive"))
+	}
+	if cfg.BodyBudgetBytes < cfg.MaxBodyBytes {
+		errs = append(errs, errors.New("--body-budget-bytes: must be at least --max-body-bytes"))
+	}
+	if cfg.Metrics == nil {
+		errs = append(errs, errors.New("proxy: Metrics is required"))
+	}
+	if _, err := ParseFallbackAnswer(string(cfg.FallbackAnswer)); err != nil {
+		errs = append(errs, fmt.Errorf("--fallback-answer: %v", err))
+	}
+	if _, err := ParseTrustMode(string(cfg.TrustConnection)); err != nil {
+		errs = append(errs, fmt.Errorf("--trust-connection: %v", err))
+	}
+	return errs
+}
+
+// loadBelief is the data plane's belief, its kept configuration loaded from --state-dir.
+func (p *Proxy) loadBelief() *dataplane.Belief {
+	cfg := p.cfg
 	dp, loadErr := dataplane.New(dataplane.Options{Keep: cfg.ReseedInterval > 0, StateDir: cfg.StateDir,
 		// the kept configuration is at most the data plane's state, which confshim reads
 		// up to 4 × --max-body-bytes
@@ -200,7 +217,7 @@ func New(cfg Config) (*Proxy, error) {
 			if err != nil {
 				cfg.Logger.Warn().Str("event", "state_file").Str("error", err.Error()).Msg("cannot write the kept configuration to --state-dir")
 			}
-			p.debug.noteStateWrite(err)
+			p.notes.debug.noteStateWrite(err)
 		}})
 	switch k := dp.Snapshot().Kept; {
 	case loadErr != nil:
@@ -208,12 +225,30 @@ func New(cfg Config) (*Proxy, error) {
 	case k != nil:
 		cfg.Logger.Info().Str("event", "state_file").Int("sections", len(k.Versions)).Msg("loaded the kept configuration from --state-dir")
 	}
-	p.dp = dp
-	if cfg.ReseedInterval > 0 {
-		p.watch = reseed.New(reseed.Config{Interval: cfg.ReseedInterval, SafetyInterval: cfg.WatchSafetyInterval, AdminKey: cfg.AdminKey,
-			API: api, Belief: dp, Metrics: cfg.Metrics, Log: cfg.Logger, Host: watchHost{p}})
+	return dp
+}
+
+// newSyncer wires the configs PUT's stages.
+func (p *Proxy) newSyncer() *syncer {
+	cfg := p.cfg
+	rw := rewrite.NewMerging(cfg.Preserve, cfg.Merge)
+	bufs := make(buffers, 3) // the PUT being read, the one being rewritten, its output
+	send := sender{api: p.api}
+	fb := &fallback{on: cfg.Fallback, budget: cfg.FallbackBudget, api: p.api, rw: rw, states: p.states, send: send, notes: p.notes}
+	return &syncer{
+		timeout: cfg.UpstreamTimeout, skipItemLists: cfg.SkipItemLists, answerHeld: cfg.FallbackAnswer,
+		api: p.api, rw: rw, dp: p.dp, watch: p.watch,
+		bodies: &bodyReader{maxBytes: cfg.MaxBodyBytes, wait: cfg.BodyBudgetWait, budget: newBodyBudget(cfg.BodyBudgetBytes), bufs: bufs, replies: p.replies},
+		states: p.states, fallback: fb, send: send, notes: p.notes, replies: p.replies,
+		decider:  &decider{rw: rw, dp: p.dp, api: p.api, watch: p.watch, states: p.states, fallback: fb, bufs: bufs, notes: p.notes},
+		asItCame: p.passthrough,
 	}
-	p.rp = &httputil.ReverseProxy{
+}
+
+// reverseProxy streams every other request to APISIX.
+func (p *Proxy) reverseProxy() *httputil.ReverseProxy {
+	u := p.upstream
+	return &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
 		Transport:     p.api.Shared(),
 		FlushInterval: -1,
@@ -225,10 +260,8 @@ func New(cfg Config) (*Proxy, error) {
 			}
 			return nil
 		},
-		ErrorLog: StdLogger(cfg.Logger),
+		ErrorLog: StdLogger(p.cfg.Logger),
 	}
-	p.handler = p.routes()
-	return p, nil
 }
 
 // ServeHTTP makes the proxy an http.Handler.
@@ -238,8 +271,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.handler.Se
 // $uri: slashes merged, dot segments resolved); chi never answers in APISIX's place.
 func (p *Proxy) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(p.observe, p.guard, routeOnNormalizedPath)
-	r.Put(apisix.ConfigsPath, p.putConfigs)
+	r.Use(observe(p.cfg.Logger, p.cfg.Metrics), p.guard, routeOnNormalizedPath)
+	r.Put(apisix.ConfigsPath, p.sync.ServeHTTP)
 	r.NotFound(p.passthrough)
 	r.MethodNotAllowed(p.passthrough)
 	return r
@@ -253,12 +286,12 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 		if len(p.cfg.AllowCIDRs) > 0 && !p.allowed(r.RemoteAddr) {
 			p.m.Refuse(metrics.RefusedAllowCIDRs)
 			p.log.Warn().Str("event", "refused").Str("remote", r.RemoteAddr).Msg("client outside --allow-cidrs")
-			p.writeError(w, http.StatusForbidden, "this client may not use the Admin API (--allow-cidrs)")
+			writeError(w, http.StatusForbidden, "this client may not use the Admin API (--allow-cidrs)")
 			return
 		}
 		if r.Header.Get("Upgrade") != "" || headerHasToken(r.Header, "Connection", "upgrade") {
 			p.m.Refuse(metrics.RefusedUpgrade)
-			p.writeError(w, http.StatusBadRequest, "protocol upgrades are not allowed on the Admin API")
+			writeError(w, http.StatusBadRequest, "protocol upgrades are not allowed on the Admin API")
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -336,7 +369,7 @@ func normalizePath(p string) string {
 // passthrough streams any other request to APISIX unchanged.
 func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength > p.cfg.MaxBodyBytes {
-		p.writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body of %d bytes is over --max-body-bytes (%d)", r.ContentLength, p.cfg.MaxBodyBytes))
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body of %d bytes is over --max-body-bytes (%d)", r.ContentLength, p.cfg.MaxBodyBytes))
 		return
 	}
 	if r.Body != nil && r.Body != http.NoBody {
@@ -350,7 +383,7 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 func (p *Proxy) passthroughError(w http.ResponseWriter, r *http.Request, err error) {
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
-		p.writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over --max-body-bytes (%d)", p.cfg.MaxBodyBytes))
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over --max-body-bytes (%d)", p.cfg.MaxBodyBytes))
 		return
 	}
 	p.upstreamFailed(w, r, err, "forward "+r.Method)
@@ -369,7 +402,30 @@ func (w stdWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (p *Proxy) sawUpstream() { p.lastAnswer.Store(time.Now().UnixNano()) }
+// noteAnswer records an HTTP answer from APISIX: readiness, its status.
+func (p *Proxy) noteAnswer(status int) {
+	p.lastAnswer.Store(time.Now().UnixNano())
+	p.notes.debug.noteStatus(status)
+}
+
+// TrustConnection says whether syncs may be decided on the belief without a read, and
+// why (the start line, /debug/config).
+func (p *Proxy) TrustConnection() (trusted bool, why string) { return p.states.trustReason() }
+
+// DebugConfig builds the /debug/config document.
+func (p *Proxy) DebugConfig() *DebugConfig {
+	trusted, why := p.states.trustReason()
+	f := debugFacts{url: credentialFreeURL(p.upstream), belief: p.dp.Snapshot(), keeps: p.dp.Keeps(), stateFile: p.dp.StateFile(),
+		server: p.api.Server(), trust: DebugTrust{Mode: string(p.cfg.TrustConnection), Trusted: trusted, Why: why, Intermediary: p.api.Intermediary()}}
+	if at := p.lastAnswer.Load(); at != 0 {
+		f.lastAnswerAt = time.Unix(0, at)
+	}
+	return p.notes.debug.document(f)
+}
+
+// DebugHandler serves /debug/config; ?id=<id> answers only the recent syncs that
+// touched that id (added, changed, removed or held back, in any section).
+func (p *Proxy) DebugHandler() http.Handler { return debugHandler(p.DebugConfig) }
 
 // Ready reports whether the data plane answered any request within ReadyWindow or
 // answers HEAD /apisix/admin now within 2 s (contract §7).
@@ -378,40 +434,6 @@ func (p *Proxy) Ready(ctx context.Context) bool {
 		return true
 	}
 	return p.api.Alive(ctx, p.cfg.AdminKey, 2*time.Second)
-}
-
-// upstreamFailed answers a request that got no HTTP answer from APISIX: 504 on a
-// timeout, 502 otherwise; a client that went away gets nothing and is counted apart.
-func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error, what string) {
-	kind, status := apisix.Classify(r.Context(), err)
-	if kind == apisix.ClientGone {
-		p.m.ClientDisconnects.Inc()
-		p.log.Debug().Str("path", r.URL.Path).Msg("client went away")
-		w.WriteHeader(statusClientGone) // never reaches the client; keeps the access log honest
-		return
-	}
-	p.m.UpstreamError(kind)
-	p.log.Warn().Str("kind", string(kind)).Str("op", what).Str("error", apisix.SafeError(err)).Msg("upstream request failed")
-	msg := "upstream " + string(kind) + ": " + what
-	switch {
-	case errors.Is(err, apisix.ErrConnectionHeld):
-		msg = err.Error() + ": " + what
-	case kind == metrics.Timeout:
-		msg = fmt.Sprintf("upstream did not answer within --upstream-timeout (%s): %s", p.cfg.UpstreamTimeout, what)
-	}
-	p.writeError(w, status, msg)
-}
-
-// writeError answers like APISIX does, so ADC shows the message: {"error_msg":"confshim: …"}.
-func (p *Proxy) writeError(w http.ResponseWriter, status int, msg string) {
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Del("Content-Length")
-	w.WriteHeader(status)
-	body, _ := json.Marshal(struct {
-		ErrorMsg string `json:"error_msg"`
-	}{"confshim: " + msg})
-	_, _ = w.Write(append(body, '\n'))
 }
 
 // StartBackground starts the data-plane watch and the state-file writer; they stop
@@ -437,9 +459,9 @@ func (p *Proxy) Wait() {
 type watchHost struct{ p *Proxy }
 
 func (h watchHost) ReadState(ctx context.Context, creds apisix.Credentials) (*rewrite.State, string, string, error) {
-	return h.p.readState(ctx, creds)
+	return h.p.states.readState(ctx, creds)
 }
-func (h watchHost) NoteMoves(moves []dataplane.Move, how string) { h.p.noteMoves(moves, how) }
+func (h watchHost) NoteMoves(moves []dataplane.Move, how string) { h.p.notes.moves(moves, how) }
 func (h watchHost) NoteReseed(result string, status int, took time.Duration) {
-	h.p.noteReseed(result, status, took)
+	h.p.notes.debug.noteReseed(result, status, took)
 }

@@ -40,6 +40,12 @@ import (
 //     its connection closes, a ping that failed or met another Server, an answer other
 //     than a 2xx, an idle spell the transport may have dropped the connection in.
 
+// How confshim learnt of an out-of-band write.
+const (
+	learntByConflict = "version_conflict" // APISIX refused a PUT decided on the old versions
+	learntByReread   = "re_read"          // the state read before a PUT found another digest
+)
+
 // TrustMode is --trust-connection.
 type TrustMode string
 
@@ -69,67 +75,73 @@ func IsLoopback(upstream *url.URL) bool {
 	return err == nil && ip.Unmap().IsLoopback()
 }
 
+// stateReader reads the state a sync is decided on, under the PUT lock, on the decide
+// connection, and says when it decides without reading (§5.4).
+type stateReader struct {
+	api        *apisix.Client
+	trust      TrustMode // --trust-connection
+	loopback   bool      // --upstream is this host's loopback (IsLoopback)
+	stateLimit int64     // the largest configuration read (4 × --max-body-bytes)
+	notes      notes     // where a read's out-of-band writes are said
+}
+
 // trustReason says why the connection is or is not trusted, for the start line and
 // /debug/config.
-func (p *Proxy) trustReason() (trusted bool, why string) {
-	switch p.trust {
+func (sr *stateReader) trustReason() (trusted bool, why string) {
+	switch sr.trust {
 	case TrustAlways:
 		return true, "--trust-connection always: the operator vouches for a plain TCP path"
 	case TrustNever:
 		return false, "--trust-connection never: the state is read before every decision"
 	}
-	if !p.loopback {
+	if !sr.loopback {
 		return false, "--upstream is not a loopback address: something may stand between confshim and APISIX"
 	}
-	if sign := p.api.Intermediary(); sign != "" {
+	if sign := sr.api.Intermediary(); sign != "" {
 		return false, "an answer showed an intermediary (" + sign + ")"
 	}
 	return true, "loopback --upstream, no sign of an intermediary"
 }
 
-// TrustConnection says whether syncs may be decided on the belief without a read, and
-// why (the start line, /debug/config).
-func (p *Proxy) TrustConnection() (trusted bool, why string) { return p.trustReason() }
-
 // decidesUnread: the belief may decide this sync without a read — the connection is
 // one confshim trusts, and the belief was confirmed on it, still open, with no doubt since.
-func (p *Proxy) decidesUnread(tx *dataplane.Tx) bool {
-	if trusted, _ := p.trustReason(); !trusted {
+func (sr *stateReader) decidesUnread(tx *dataplane.Tx) bool {
+	if trusted, _ := sr.trustReason(); !trusted {
 		return false
 	}
-	return tx.Trusts(p.api.DecideConn())
+	return tx.Trusts(sr.api.DecideConn())
 }
 
 // stateFor returns the data plane's state under the PUT lock, on the decide connection:
 // the belief unread where decidesUnread (verified is then false: the PUT's checks prove
 // it), the belief when a HEAD shows nobody wrote since, otherwise a GET.
-func (p *Proxy) stateFor(ctx context.Context, tx *dataplane.Tx, creds apisix.Credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
-	if !fresh && tx.State() != nil && !p.api.NoHead() {
-		if p.decidesUnread(tx) {
+func (sr *stateReader) stateFor(ctx context.Context, tx *dataplane.Tx, creds apisix.Credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
+	if !fresh && tx.State() != nil && !sr.api.NoHead() {
+		if sr.decidesUnread(tx) {
 			return tx.State(), false, nil
 		}
-		if ok, err := p.revalidate(ctx, tx, creds); err != nil || ok {
+		if ok, err := sr.revalidate(ctx, tx, creds); err != nil || ok {
 			return tx.State(), ok, err
 		}
 	}
-	st, digest, lastModified, err := p.readState(ctx, creds)
+	st, digest, lastModified, err := sr.readState(ctx, creds)
 	if err != nil {
 		return nil, false, err
 	}
-	p.noteMoves(tx.Read(st, digest, lastModified, p.api.NoHead(), p.api.DecideConn()), how)
+	sr.notes.moves(tx.Read(st, digest, lastModified, sr.api.NoHead(), sr.api.DecideConn()), how)
 	return st, true, nil
 }
 
 // revalidate is HEAD /apisix/admin/configs on the decide connection: whether the data
 // plane still holds the state confshim has (anything but a match, a changed state or
 // an odd status, is false: a GET decides).
-func (p *Proxy) revalidate(ctx context.Context, tx *dataplane.Tx, creds apisix.Credentials) (bool, error) {
-	head, _, err := p.api.Head(ctx, apisix.Decide, creds)
+func (sr *stateReader) revalidate(ctx context.Context, tx *dataplane.Tx, creds apisix.Credentials) (bool, error) {
+	head, _, err := sr.api.Head(ctx, apisix.Decide, creds)
 	if err != nil {
 		return false, err
 	}
 	if head != nil && tx.Matches(head.Digest, head.LastModified) {
-		tx.Confirm(p.api.DecideConn())
+		tx.Confirm(sr.api.DecideConn())
 		return true, nil
 	}
 	return false, nil
@@ -142,21 +154,27 @@ func (p *Proxy) revalidate(ctx context.Context, tx *dataplane.Tx, creds apisix.C
 // beats APISIX's check (a merged union, §5.4: an out-of-band write during the
 // fallback's validate calls would be overwritten). false means it does not (it
 // restarted, or someone wrote), and the sync is decided again on a fresh read.
-func (p *Proxy) stillHolds(ctx context.Context, creds apisix.Credentials, digest, lastModified string, carriesUnion bool) (bool, error) {
-	if !p.api.Closing() && !carriesUnion {
+func (sr *stateReader) stillHolds(ctx context.Context, creds apisix.Credentials, digest, lastModified string, carriesUnion bool) (bool, error) {
+	if !sr.api.Closing() && !carriesUnion {
 		return true, nil
 	}
-	head, _, err := p.api.Head(ctx, apisix.Decide, creds)
+	head, _, err := sr.api.Head(ctx, apisix.Decide, creds)
 	if err != nil {
 		return false, err
 	}
 	return head != nil && head.LastModified != "" && head.Digest == digest && head.LastModified == lastModified, nil
 }
 
+// probe asks APISIX, with exactly the credentials the PUT carries, whether the caller
+// may use the configuration (apisix.Client.Probe).
+func (sr *stateReader) probe(ctx context.Context, creds apisix.Credentials) error {
+	return sr.api.Probe(ctx, creds, sr.stateLimit)
+}
+
 // readState is GET /apisix/admin/configs with the caller's credentials, on the decide
 // connection, parsed.
-func (p *Proxy) readState(ctx context.Context, creds apisix.Credentials) (*rewrite.State, string, string, error) {
-	body, meta, err := p.api.Get(ctx, apisix.Decide, creds, p.stateLimit())
+func (sr *stateReader) readState(ctx context.Context, creds apisix.Credentials) (*rewrite.State, string, string, error) {
+	body, meta, err := sr.api.Get(ctx, apisix.Decide, creds, sr.stateLimit)
 	var tooBig apisix.TooBigError
 	switch {
 	case errors.As(err, &tooBig):

@@ -1,10 +1,6 @@
 package proxy
 
 import (
-	"crypto/rand"
-	"encoding/hex"
-	"net/http"
-
 	"github.com/confshim/confshim/internal/dataplane"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -14,32 +10,14 @@ import (
 // correlation (W3C traceparent or X-Request-Id, forwarded to APISIX unchanged as every
 // other header) or confshim's own sync id. Never a value.
 
-// maxCorrelationBytes bounds a client's correlation header as kept (§5.7).
-const maxCorrelationBytes = 128
-
-// correlation joins a sync with the client's and APISIX's logs.
-type correlation struct {
-	SyncID      string `json:"sync_id"`
-	Traceparent string `json:"traceparent,omitempty"`
-	RequestID   string `json:"request_id,omitempty"`
-}
-
-func correlationOf(r *http.Request) correlation {
-	var id [8]byte
-	_, _ = rand.Read(id[:])
-	return correlation{SyncID: hex.EncodeToString(id[:]),
-		Traceparent: clipString(r.Header.Get("Traceparent"), maxCorrelationBytes),
-		RequestID:   clipString(r.Header.Get("X-Request-Id"), maxCorrelationBytes)}
-}
-
 // touchedItems is what an accepted sync needs to list the items it touched, taken under
 // the lock (immutable values and the forwarded body) and compared after it.
 type touchedItems struct {
-	before   *rewrite.State    // the data plane's items before the PUT: the kept configuration's
-	fallback *rewrite.State    // else the state the sync was decided on, when it had items
-	res      *rewrite.Result   // which sections took their items from the body
-	after    *rewrite.Prepared // what APISIX took
-	held     []dataplane.Held
+	before    *rewrite.State    // the data plane's items before the PUT: the kept configuration's
+	decidedOn *rewrite.State    // else the state the sync was decided on, when it had items
+	res       *rewrite.Result   // which sections took their items from the body
+	after     *rewrite.Prepared // what APISIX took
+	held      []dataplane.Held
 }
 
 // diff lists, per section whose items APISIX took from the body (bumped, applied,
@@ -50,8 +28,8 @@ func (t touchedItems) diff(rw *rewrite.Rewriter) []rewrite.ItemChanges {
 		return nil
 	}
 	before := t.before
-	if before == nil && t.fallback != nil && t.fallback.ItemsKnown {
-		before = t.fallback
+	if before == nil && t.decidedOn != nil && t.decidedOn.ItemsKnown {
+		before = t.decidedOn
 	}
 	var out []rewrite.ItemChanges
 	index := map[string]int{}

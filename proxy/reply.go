@@ -1,0 +1,91 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/confshim/confshim/internal/apisix"
+	"github.com/confshim/confshim/metrics"
+	"github.com/confshim/confshim/rewrite"
+)
+
+// statusClientGone is logged and counted for a client that went away: nothing reaches it.
+const statusClientGone = 499
+
+// BadStateError: APISIX answered the state read, but not with a usable document.
+type BadStateError struct{ Err error }
+
+func (e BadStateError) Error() string { return e.Err.Error() }
+
+// replies answers a request when confshim, not APISIX, has the last word: each answer
+// counted and logged once, in APISIX's error shape.
+type replies struct {
+	log             zerolog.Logger
+	m               *metrics.Metrics
+	upstreamTimeout time.Duration // --upstream-timeout, named in a timeout's message
+}
+
+// writeError answers like APISIX does, so ADC shows the message: {"error_msg":"confshim: …"}.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Del("Content-Length")
+	w.WriteHeader(status)
+	body, _ := json.Marshal(struct {
+		ErrorMsg string `json:"error_msg"`
+	}{"confshim: " + msg})
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// clientGone counts a client that went away; nothing reaches it.
+func (rp replies) clientGone(w http.ResponseWriter) {
+	rp.m.ClientDisconnects.Inc()
+	w.WriteHeader(statusClientGone) // never reaches the client; keeps the access log honest
+}
+
+// upstreamFailed answers a request that got no HTTP answer from APISIX: 504 on a
+// timeout, 502 otherwise; a client that went away gets nothing and is counted apart.
+func (rp replies) upstreamFailed(w http.ResponseWriter, r *http.Request, err error, what string) {
+	kind, status := apisix.Classify(r.Context(), err)
+	if kind == apisix.ClientGone {
+		rp.log.Debug().Str("path", r.URL.Path).Msg("client went away")
+		rp.clientGone(w)
+		return
+	}
+	rp.m.UpstreamError(kind)
+	rp.log.Warn().Str("kind", string(kind)).Str("op", what).Str("error", apisix.SafeError(err)).Msg("upstream request failed")
+	msg := "upstream " + string(kind) + ": " + what
+	switch {
+	case errors.Is(err, apisix.ErrConnectionHeld):
+		msg = err.Error() + ": " + what
+	case kind == metrics.Timeout:
+		msg = fmt.Sprintf("upstream did not answer within --upstream-timeout (%s): %s", rp.upstreamTimeout, what)
+	}
+	writeError(w, status, msg)
+}
+
+// stateReadFailed answers a PUT whose data plane state could not be read: nothing was
+// forwarded. An answer APISIX gave but confshim cannot use is a 502; no answer at all
+// is classified like any upstream failure (502, or 504 on a timeout).
+func (rp replies) stateReadFailed(w http.ResponseWriter, r *http.Request, err error) {
+	var status apisix.StatusError
+	var bad BadStateError
+	if errors.As(err, &status) || errors.As(err, &bad) {
+		rp.m.UpstreamError(metrics.OtherError)
+		writeError(w, http.StatusBadGateway, "cannot read the data plane's state: "+err.Error()+"; nothing was forwarded")
+		return
+	}
+	rp.upstreamFailed(w, r, err, "read the data plane's state before the PUT; nothing was forwarded")
+}
+
+// refuse answers a body confshim must not forward (contract §6): 400, nothing forwarded.
+func (rp replies) refuse(w http.ResponseWriter, refuse *rewrite.RefuseError) {
+	rp.m.Refuse(metrics.RefusedUnrepairable)
+	rp.log.Info().Str("event", "refused").Str("reason", refuse.Reason).Msg("configs PUT refused; nothing forwarded")
+	writeError(w, http.StatusBadRequest, refuse.Reason)
+}
