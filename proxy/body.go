@@ -154,19 +154,7 @@ func readGrowing(buf []byte, r io.Reader, limit, announced int64) ([]byte, error
 			continue
 		}
 		if len(buf) == cap(buf) {
-			next := max(2*cap(buf), 64<<10)
-			if announced > int64(len(buf)) && int64(next) > announced {
-				next = int(announced)
-			}
-			if int64(next) > limit {
-				next = int(limit)
-			}
-			if next <= len(buf) {
-				next = len(buf) + 512 // past the announced length: the read below sees EOF
-			}
-			grown := make([]byte, len(buf), next)
-			copy(grown, buf)
-			buf = grown
+			buf = grow(buf, limit, announced)
 		}
 		n, err := r.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
@@ -180,6 +168,23 @@ func readGrowing(buf []byte, r io.Reader, limit, announced int64) ([]byte, error
 			return buf, nil
 		}
 	}
+}
+
+// grow doubles a full buffer, never past what was announced nor past limit.
+func grow(buf []byte, limit, announced int64) []byte {
+	next := max(2*cap(buf), 64<<10)
+	if announced > int64(len(buf)) && int64(next) > announced {
+		next = int(announced)
+	}
+	if int64(next) > limit {
+		next = int(limit)
+	}
+	if next <= len(buf) {
+		next = len(buf) + 512 // past the announced length: the read below sees EOF
+	}
+	grown := make([]byte, len(buf), next)
+	copy(grown, buf)
+	return grown
 }
 
 // buffers is a small free list of body-sized buffers. sync.Pool empties itself at

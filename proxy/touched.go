@@ -27,28 +27,7 @@ func (t touchedItems) diff(rw *rewrite.Rewriter) []rewrite.ItemChanges {
 	if t.res == nil && len(t.held) == 0 {
 		return nil
 	}
-	before := t.before
-	if before == nil && t.decidedOn != nil && t.decidedOn.ItemsKnown {
-		before = t.decidedOn
-	}
-	var out []rewrite.ItemChanges
-	index := map[string]int{}
-	if t.res != nil && t.after != nil && t.after.IsJSON() {
-		for _, o := range t.res.Outcomes() {
-			if !o.FromBody || len(out) == maxDebugSections {
-				continue
-			}
-			items, _ := t.after.JSONItems(o.Section)
-			var c rewrite.ItemChanges
-			if before == nil {
-				c = rewrite.ItemChanges{Section: rewrite.Clip(o.Section), Unknown: true}
-			} else {
-				c = rw.DiffItems(o.Section, before.Items[o.Section], items)
-			}
-			index[o.Section] = len(out)
-			out = append(out, c)
-		}
-	}
+	out, index := t.fromBody(rw)
 	for _, h := range t.held {
 		i, ok := index[h.Section]
 		if !ok {
@@ -68,4 +47,31 @@ func (t touchedItems) diff(rw *rewrite.Rewriter) []rewrite.ItemChanges {
 		}
 	}
 	return kept
+}
+
+// fromBody diffs each section whose items APISIX took from the body against the items
+// before the PUT (unknown when confshim did not know them), and indexes them by section.
+func (t touchedItems) fromBody(rw *rewrite.Rewriter) ([]rewrite.ItemChanges, map[string]int) {
+	index := map[string]int{}
+	if t.res == nil || t.after == nil || !t.after.IsJSON() {
+		return nil, index
+	}
+	before := t.before
+	if before == nil && t.decidedOn != nil && t.decidedOn.ItemsKnown {
+		before = t.decidedOn
+	}
+	var out []rewrite.ItemChanges
+	for _, o := range t.res.Outcomes() {
+		if !o.FromBody || len(out) == maxDebugSections {
+			continue
+		}
+		c := rewrite.ItemChanges{Section: rewrite.Clip(o.Section), Unknown: true}
+		if before != nil {
+			items, _ := t.after.JSONItems(o.Section)
+			c = rw.DiffItems(o.Section, before.Items[o.Section], items)
+		}
+		index[o.Section] = len(out)
+		out = append(out, c)
+	}
+	return out, index
 }

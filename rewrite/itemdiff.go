@@ -72,15 +72,7 @@ func (rw *Rewriter) DiffItems(section string, before, after []byte) ItemChanges 
 		out.Unknown = true
 		return out
 	}
-	head := 0
-	for head < len(old) && head < len(cur) && bytes.Equal(old[head], cur[head]) {
-		head++
-	}
-	tail := 0
-	for tail < len(old)-head && tail < len(cur)-head && bytes.Equal(old[len(old)-1-tail], cur[len(cur)-1-tail]) {
-		tail++
-	}
-	old, cur = old[head:len(old)-tail], cur[head:len(cur)-tail]
+	old, cur = trimCommon(old, cur)
 	byID := make(map[string][]byte, len(old))
 	oldIDs := make([]string, len(old))
 	for i, raw := range old {
@@ -111,6 +103,19 @@ func (rw *Rewriter) DiffItems(section string, before, after []byte) ItemChanges 
 		}
 	}
 	return out
+}
+
+// trimCommon drops the items both lists start and end with, byte for byte.
+func trimCommon(old, cur [][]byte) ([][]byte, [][]byte) {
+	head := 0
+	for head < len(old) && head < len(cur) && bytes.Equal(old[head], cur[head]) {
+		head++
+	}
+	tail := 0
+	for tail < len(old)-head && tail < len(cur)-head && bytes.Equal(old[len(old)-1-tail], cur[len(cur)-1-tail]) {
+		tail++
+	}
+	return old[head : len(old)-tail], cur[head : len(cur)-tail]
 }
 
 // HeldItem adds an item held back (§8.5) to the section's lists.

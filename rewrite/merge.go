@@ -232,7 +232,7 @@ func allOwned(items []arrayItem, owned []string) bool {
 
 // decideMerged is decideSection for a --merge section.
 func (d *decision) decideMerged(section string, sl slots) (o outcome, change Change, changed bool, err error) {
-	rw, p, e, in, h, res := d.rw, d.p, d.e, d.in, d.h, d.res
+	rw, p, in, h, res := d.rw, d.p, d.in, d.h, d.res
 	vi, ii := sl.version, sl.items
 	o, change, vR, present, err := sectionStart(section, vi, p, in)
 	if err != nil {
@@ -247,16 +247,9 @@ func (d *decision) decideMerged(section string, sl slots) (o outcome, change Cha
 	// produced, so the union is what the data plane holds (an out-of-band write would
 	// have moved the version).
 	if entry, ok := in.Record.entry(section); ok && entry.version == vS && entry.sum == o.sum && knows && dpKnows {
-		o.fp, o.fpKnown, o.applied, o.kept = entry.fp, entry.fpKnown, vS, entry.kept
+		o.fp, o.fpKnown, o.kept = entry.fp, entry.fpKnown, entry.kept
 		res.owned[section] = owned
-		changed = keepVersion(&change, present, vR, vS)
-		if changed {
-			e.setVersion(&p.obj, vi, section, vS)
-			if o.kept {
-				change.Action = Merged // §8.6: items were kept, the client's own or not
-			}
-		}
-		return o, change, changed, nil
+		return d.keepMerged(section, vi, o, change, sectionVersion{vR, present})
 	}
 	if !in.State.ItemsKnown {
 		return o, change, false, ErrStateIncomplete
@@ -264,13 +257,7 @@ func (d *decision) decideMerged(section string, sl slots) (o outcome, change Cha
 	if p.yaml {
 		return d.decideMergedYAML(section, sl, owned, knows)
 	}
-	ownedNow := owned // nil without a memory of ownership: nothing is deleted
-	if !knows || ii < 0 {
-		// a body without the section's items says nothing of them (ADC 0.30 never
-		// sends secrets): the client's own stay as they are, like everyone else's
-		ownedNow = nil
-	}
-	merged, ids, kept, keptIDs, err := union(section, client, in.State.Items[section], ownedNow)
+	merged, ids, kept, keptIDs, err := union(section, client, in.State.Items[section], deletable(owned, knows, ii))
 	if err != nil {
 		return o, change, false, &SkipError{Reason: err.Error()}
 	}
@@ -281,17 +268,45 @@ func (d *decision) decideMerged(section string, sl slots) (o outcome, change Cha
 	res.Merges = append(res.Merges, MergeReport{Section: section, ClientOwned: len(ids), Kept: kept, Unowned: !knows && kept > 0, KeptIDs: keptIDs})
 	o.fp, o.fpKnown, o.kept = h.sectionFingerprint(section, merged), true, kept > 0
 	if o.fp == h.sectionFingerprint(section, in.State.Items[section]) { // the union is what it holds
-		o.applied = vS
-		changed = keepVersion(&change, present, vR, vS)
-		if changed {
-			e.setVersion(&p.obj, vi, section, vS)
-			if o.kept {
-				change.Action = Merged // §8.6: the section kept items the client never sent
-			}
-		}
-		return o, change, changed, nil
+		return d.keepMerged(section, vi, o, change, sectionVersion{vR, present})
 	}
 	return d.applyUnion(unionPlan{section: section, o: o, change: change, vi: vi, ii: ii, vR: vR, present: present, vS: vS, merged: merged, kept: kept})
+}
+
+// deletable are the items of a merged section the client may delete by leaving them
+// out: the ones it owns, nil without a memory of ownership (nothing is deleted) or
+// when the body carries no items of it (ADC 0.30 never sends secrets: the client's own
+// stay as they are, like everyone else's).
+func deletable(owned []string, knows bool, items int) []string {
+	if !knows || items < 0 {
+		return nil
+	}
+	return owned
+}
+
+// keepMerged keeps the data plane's copy of a merged section at its version: merged
+// when items were kept (§8.6: the client's own or not), else raised or settled.
+func (d *decision) keepMerged(section string, vi int, o outcome, change Change, req sectionVersion) (outcome, Change, bool, error) {
+	vS := o.current
+	o.applied = vS
+	changed := keepVersion(&change, req.present, req.v, vS)
+	if changed {
+		d.e.setVersion(&d.p.obj, vi, section, vS)
+		if o.kept {
+			change.Action = Merged
+		}
+	}
+	return o, change, changed, nil
+}
+
+// replaceItems sends items as a section's items: in place of the client's (member ii),
+// or inserted when the body carries none.
+func (e *edits) replaceItems(section string, ii int, items []byte) {
+	if ii >= 0 {
+		e.newValue[ii] = items
+		return
+	}
+	e.inserts = append(e.inserts, insert{[]byte(section), items})
 }
 
 // keepVersion is the decision to keep the data plane's copy of a section at its
@@ -360,11 +375,7 @@ func (d *decision) applyUnion(u unionPlan) (outcome, Change, bool, error) {
 	if kept > 0 {
 		change.Action = Merged
 		o.union = merged
-		if ii >= 0 {
-			e.newValue[ii] = merged
-		} else {
-			e.inserts = append(e.inserts, insert{[]byte(section), merged})
-		}
+		e.replaceItems(section, ii, merged)
 	}
 	o.applied = change.To
 	if change.To == vR && present && change.Action == Bumped {

@@ -54,55 +54,63 @@ func (pl *Plan) references(section string) [][]Reference {
 // by id to an item left out, to a fixed point. It returns what it newly held, in order.
 func (pl *Plan) Hold(found []Rejection, accepted *Accepted) []Hold {
 	var held []Hold
-	holdOne := func(section string, index int, why string) bool {
-		items := pl.Items(section)
-		if index < 0 || index >= len(items) {
-			return false
-		}
-		it := items[index]
-		if pl.Splice.Held(section, index) {
-			if with := pl.Splice.Items[section][index]; with == nil || it.ID == "" {
-				return false // left out already
-			}
-			// rejected again: its accepted copy is refused too (a key another consumer
-			// holds on 3.18), so it is left out now, and what refers to it with it
-			pl.Splice.Hold(section, index, nil)
-			pl.leftOut[Reference{Section: section, ID: it.ID}] = true
-			held = append(held, Hold{Section: section, ID: it.ID, Error: why, Raw: it.Raw})
-			return true
-		}
-		h := Hold{Section: section, ID: it.ID, Error: why, Raw: it.Raw}
-		if copyOf, ok := accepted.Lookup(section, it.ID); ok && it.ID != "" {
-			pl.Splice.Hold(section, index, copyOf)
-			h.Backfilled = true
-		} else {
-			pl.Splice.Hold(section, index, nil)
-			pl.leftOut[Reference{Section: section, ID: it.ID}] = true
-		}
-		held = append(held, h)
-		return !h.Backfilled
-	}
 	strands := false
 	for _, r := range found {
-		strands = holdOne(r.Section, r.Index, r.Error) || strands
+		strands = pl.holdOne(&held, accepted, Rejection{r.Section, r.Index, r.Error}) || strands
 	}
 	for strands { // only an item left out can strand another
-		strands = false
-		for _, section := range pl.body.ItemSections() {
-			for i, refs := range pl.references(section) {
-				if pl.Splice.Held(section, i) {
-					continue
-				}
-				for _, ref := range refs {
-					if pl.leftOut[ref] {
-						strands = holdOne(section, i, "refers to "+ref.Section+" "+clip(ref.ID)+", which is held back") || strands
-						break
-					}
+		strands = pl.holdStranded(&held, accepted)
+	}
+	return held
+}
+
+// holdOne holds one rejected item: backfilled with its accepted copy, else left out.
+// It reports whether it was left out (and so may strand what refers to it).
+func (pl *Plan) holdOne(held *[]Hold, accepted *Accepted, r Rejection) bool {
+	section, index := r.Section, r.Index
+	items := pl.Items(section)
+	if index < 0 || index >= len(items) {
+		return false
+	}
+	it := items[index]
+	h := Hold{Section: section, ID: it.ID, Error: r.Error, Raw: it.Raw}
+	if pl.Splice.Held(section, index) {
+		if with := pl.Splice.Items[section][index]; with == nil || it.ID == "" {
+			return false // left out already
+		}
+		// rejected again: its accepted copy is refused too (a key another consumer
+		// holds on 3.18), so it is left out now, and what refers to it with it
+	} else if copyOf, ok := accepted.Lookup(section, it.ID); ok && it.ID != "" {
+		pl.Splice.Hold(section, index, copyOf)
+		h.Backfilled = true
+		*held = append(*held, h)
+		return false
+	}
+	pl.Splice.Hold(section, index, nil)
+	pl.leftOut[Reference{Section: section, ID: it.ID}] = true
+	*held = append(*held, h)
+	return true
+}
+
+// holdStranded leaves out, once, each item that refers to one left out; true when it
+// left one out (which may strand others in turn).
+func (pl *Plan) holdStranded(held *[]Hold, accepted *Accepted) bool {
+	strands := false
+	for _, section := range pl.body.ItemSections() {
+		for i, refs := range pl.references(section) {
+			if pl.Splice.Held(section, i) {
+				continue
+			}
+			for _, ref := range refs {
+				if pl.leftOut[ref] {
+					why := "refers to " + ref.Section + " " + clip(ref.ID) + ", which is held back"
+					strands = pl.holdOne(held, accepted, Rejection{section, i, why}) || strands
+					break
 				}
 			}
 		}
 	}
-	return held
+	return strands
 }
 
 // OriginalIndex maps an index in the corrected body's array of section back to the

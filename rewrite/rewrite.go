@@ -85,39 +85,55 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 	res := &Result{owned: Ownership{}, unread: in.Unread}
 	e := edits{newValue: make([][]byte, len(p.obj.members)), drop: make([]bool, len(p.obj.members))}
 	h := semHasher{seed: rw.seed}
-	noop := true
 	sections := rw.sections(&p.obj, in.State)
-	aliased := p.obj.aliasedMembers() // YAML: members whose anchors others refer to
 	res.sections = make([]outcome, 0, len(sections))
 	d := &decision{rw: rw, p: p, e: &e, in: in, h: &h, res: res}
+	aliased := p.obj.aliasedMembers() // YAML: members whose anchors others refer to
+	noop := true
 	for _, ref := range sections {
-		section, sl := ref.name, ref.slots
-		var o outcome
-		var change Change
-		var changed bool
-		var err error
-		if rw.merge[section] {
-			o, change, changed, err = d.decideMerged(section, sl)
-		} else {
-			o, change, changed, err = d.decideSection(section, sl)
-		}
+		o, err := d.decideOne(ref, aliased)
 		if err != nil {
 			return nil, err
-		}
-		res.sections = append(res.sections, o)
-		if changed {
-			res.Changes = append(res.Changes, change)
 		}
 		if o.dpKnows && o.applied != o.current {
 			noop = false
 		}
-		// §8.3: a managed section APISIX keeps is sent without its items.
-		if ii := sl.items; ii >= 0 && o.dpKnows && o.recorded && o.applied == o.current && !e.drop[ii] && (aliased == nil || !aliased[ii]) {
-			e.drop[ii] = true
-			res.Thinned = append(res.Thinned, section)
-			res.ThinnedBytes += p.obj.members[ii].valueEnd - p.obj.members[ii].valueStart
-		}
 	}
+	return d.finish(noop)
+}
+
+// decideOne decides one section, merged or not, and thins it when APISIX keeps it
+// (§8.3: a managed section APISIX keeps is sent without its items).
+func (d *decision) decideOne(ref sectionRef, aliased []bool) (outcome, error) {
+	section, sl, res, e := ref.name, ref.slots, d.res, d.e
+	var o outcome
+	var change Change
+	var changed bool
+	var err error
+	if d.rw.merge[section] {
+		o, change, changed, err = d.decideMerged(section, sl)
+	} else {
+		o, change, changed, err = d.decideSection(section, sl)
+	}
+	if err != nil {
+		return o, err
+	}
+	res.sections = append(res.sections, o)
+	if changed {
+		res.Changes = append(res.Changes, change)
+	}
+	if ii := sl.items; ii >= 0 && o.dpKnows && o.recorded && o.applied == o.current && !e.drop[ii] && (aliased == nil || !aliased[ii]) {
+		e.drop[ii] = true
+		res.Thinned = append(res.Thinned, section)
+		res.ThinnedBytes += d.p.obj.members[ii].valueEnd - d.p.obj.members[ii].valueStart
+	}
+	return o, nil
+}
+
+// finish writes the decided body: the client's bytes when nothing changed, else its
+// edits spliced in, with a digest of its own.
+func (d *decision) finish(noop bool) (*Result, error) {
+	res, e, p, in := d.res, d.e, d.p, d.in
 	// sorted once at the end: the header, the log and the digest list sections in order
 	slices.SortFunc(res.Changes, func(a, b Change) int { return strings.Compare(a.Section, b.Section) })
 	slices.Sort(res.Thinned)

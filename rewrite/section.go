@@ -14,43 +14,59 @@ import (
 // decideSection handles one section: contract §5.1 and §8.1 for managed sections,
 // §5.3 for preserved ones.
 func (d *decision) decideSection(section string, sl slots) (o outcome, change Change, changed bool, err error) {
-	rw, p, e, in := d.rw, d.p, d.e, d.in
-	obj := &p.obj
-	vi, ii := sl.version, sl.items
-	o, change, vR, present, err := sectionStart(section, vi, p, in)
+	o, change, vR, present, err := sectionStart(section, sl.version, d.p, d.in)
 	if err != nil {
 		return o, change, false, err
 	}
-	vS, dpKnows := o.current, o.dpKnows
-
-	if rw.preserve[section] {
-		o.applied = vS
-		if !present && !dpKnows && ii < 0 {
-			return o, change, false, nil // nothing to keep, nothing sent
-		}
-		versionChanged := !present || vR != vS
-		if versionChanged {
-			e.setVersion(obj, vi, section, vS)
-		}
-		if ii >= 0 {
-			e.drop[ii] = true
-		}
-		if !versionChanged && ii < 0 {
-			return o, change, false, nil
-		}
-		change.Action, change.To, change.Dropped = Preserved, vS, ii >= 0
-		return o, change, true, nil
+	if d.rw.preserve[section] {
+		o, change, changed = d.decidePreserved(section, sl, o, change, sectionVersion{vR, present})
+		return o, change, changed, nil
 	}
+	return d.decideManaged(section, sl, o, change, sectionVersion{vR, present})
+}
 
+// sectionVersion is the <section>_conf_version a request carries (present false: none).
+type sectionVersion struct {
+	v       float64
+	present bool
+}
+
+// decidePreserved keeps a section an out-of-band writer owns: the data plane's version,
+// and none of the client's items.
+func (d *decision) decidePreserved(section string, sl slots, o outcome, change Change, req sectionVersion) (outcome, Change, bool) {
+	vS, ii := o.current, sl.items
+	o.applied = vS
+	if !req.present && !o.dpKnows && ii < 0 {
+		return o, change, false // nothing to keep, nothing sent
+	}
+	versionChanged := !req.present || req.v != vS
+	if versionChanged {
+		d.e.setVersion(&d.p.obj, sl.version, section, vS)
+	}
+	if ii >= 0 {
+		d.e.drop[ii] = true
+	}
+	if !versionChanged && ii < 0 {
+		return o, change, false
+	}
+	change.Action, change.To, change.Dropped = Preserved, vS, ii >= 0
+	return o, change, true
+}
+
+// decideManaged decides a section the client owns: kept, stamped, settled, raised or
+// bumped, by its version and whether its items changed (§8.1).
+func (d *decision) decideManaged(section string, sl slots, o outcome, change Change, req sectionVersion) (outcome, Change, bool, error) {
+	rw, p := d.rw, d.p
+	vR, vS, present := req.v, o.current, req.present
 	var items []byte
-	items, o.sum = rw.itemsOf(p, ii)
-	if present && vR == vS && ii < 0 {
+	items, o.sum = rw.itemsOf(p, sl.items)
+	if present && vR == vS && sl.items < 0 {
 		// APISIX's own idiom for "keep this section" (and what a thin PUT sends).
 		o.applied = vS
 		return o, change, false, nil
 	}
 	o.recorded = true
-	if present && vR > vS && !dpKnows {
+	if present && vR > vS && !o.dpKnows {
 		// APISIX ignores a section it does not know: nothing to settle or compare
 		o.applied = vR
 		return o, change, false, nil
@@ -65,11 +81,18 @@ func (d *decision) decideSection(section string, sl slots) (o outcome, change Ch
 		return o, change, false, err
 	}
 	o.fp, o.fpKnown = fp, fpKnown
+	return d.compare(section, sl, o, change, vR, eq)
+}
+
+// compare is the verdict on a section the request carries at version vR whose items
+// are (eq) or are not the data plane's.
+func (d *decision) compare(section string, sl slots, o outcome, change Change, vR float64, eq bool) (outcome, Change, bool, error) {
+	vS := o.current
 	switch {
 	case vR > vS && !eq && storable(vR) > vS:
 		o.applied = storable(vR)
-		if in.Unread {
-			o.applied = d.stampClientVersion(section, vi, storable(vR), vS)
+		if d.in.Unread {
+			o.applied = d.stampClientVersion(section, sl.version, storable(vR), vS)
 		}
 		return o, change, false, nil
 	case vR > vS && !eq:
@@ -94,7 +117,7 @@ func (d *decision) decideSection(section string, sl slots) (o outcome, change Ch
 		change.Action, change.To = Bumped, next
 	}
 	o.applied = change.To
-	e.setVersion(obj, vi, section, change.To)
+	d.e.setVersion(&d.p.obj, sl.version, section, change.To)
 	return o, change, true, nil
 }
 
