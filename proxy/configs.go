@@ -198,7 +198,7 @@ func (pr *putRequest) forward() *clientAnswer {
 		if d.untouched != "" {
 			pr.s.m.Untouch(d.untouched)
 		}
-		out := outgoing(d.in, d.res, pr.sc.tx.Digest())
+		out := outgoing(d.in, d.res, pr.sc.tx.View().Digest)
 		if len(d.held) > 0 && d.in.HasDigest && !out.setDigest {
 			out.digest, out.setDigest = d.in.Digest, true // the corrected body is not the client's
 		}
@@ -363,7 +363,7 @@ func (pr *putRequest) conclude(d decided, ans *apisix.Answer, out outgoingPut, f
 	if accepted && !s.skipItemLists {
 		pr.touched = touchedItems{held: held}
 		if ans.Status != http.StatusNoContent { // a 204 took nothing from the body
-			pr.touched.before, pr.touched.decidedOn, pr.touched.res, pr.touched.after = pr.sc.tx.KeptState(), d.in.State, d.res, prepared
+			pr.touched.before, pr.touched.decidedOn, pr.touched.res, pr.touched.after = pr.sc.tx.View().KeptState(), d.in.State, d.res, prepared
 		}
 	}
 	pr.answered(ans, d, prepared, out, fb) // the belief's one transition for this answer

@@ -384,8 +384,6 @@ func (d *debugLog) noteReseed(result string, status int, took time.Duration) {
 type debugFacts struct {
 	url          string              // --upstream, without user information
 	belief       *dataplane.Snapshot // immutable, read without the PUT lock
-	keeps        bool                // the belief keeps the configuration (re-seeding)
-	stateFile    string              // --state-dir's file ("" for none)
 	server       string              // APISIX's Server header
 	trust        DebugTrust
 	lastAnswerAt time.Time // zero: none yet
@@ -420,9 +418,9 @@ func (d *debugLog) document(f debugFacts) *DebugConfig {
 		t := f.lastAnswerAt
 		doc.DataPlane.LastAnswerAt = &t
 	}
-	if f.keeps {
+	if belief.Keeps {
 		doc.Kept = &DebugKept{Sections: []DebugKeptItem{}, LastReseed: reseed}
-		if path := f.stateFile; path != "" {
+		if path := belief.StateFile; path != "" {
 			stateFile.Path = path
 			doc.Kept.StateFile = &stateFile
 		}

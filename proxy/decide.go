@@ -89,7 +89,8 @@ func (dc *decider) decide(sc *scope, rcv received, fresh bool, t *retries) (deci
 		t.upfront = dc.holdKnownRejections(sc, rcv, t.carried)
 		d.upfront = t.upfront
 	}
-	d.in.State, d.in.Record, d.in.Owned = st, sc.tx.Record(), sc.tx.Owned()
+	v := sc.tx.View()
+	d.in.State, d.in.Record, d.in.Owned = st, v.Record, v.Owned
 	d.in.Now, d.in.Unread = float64(time.Now().UnixMilli()), !verified
 	res, err := dc.run(sc, &d.upfront, rcv.scanned, t.learnt)
 	var skip *rewrite.SkipError
@@ -130,7 +131,7 @@ func (dc *decider) run(sc *scope, u *upfront, scanned time.Duration, learnt stri
 	if errors.Is(err, rewrite.ErrStateIncomplete) {
 		// the items the decision needs are in the kept configuration when it describes
 		// the state believed (after a fallback the record forgot a corrected section)
-		if ks := sc.tx.KeptState(); ks != nil {
+		if ks := sc.tx.View().KeptState(); ks != nil {
 			u.in.State = ks
 			res, err = dc.rw.Decide(u.prepared, u.in)
 		}
@@ -173,13 +174,13 @@ func (dc *decider) run(sc *scope, u *upfront, scanned time.Duration, learnt stri
 func (dc *decider) decisionState(sc *scope, fresh bool, learnt string) (*rewrite.State, bool, error) {
 	ctx, tx := sc.ctx, sc.tx
 	st, verified, err := dc.states.stateFor(ctx, tx, sc.creds, fresh, learnt)
-	if err != nil || !tx.Empty(dc.api.NoHead()) || !dc.dp.Keeps() || tx.Kept() == nil {
+	if v := tx.View(); err != nil || !v.Empty(dc.api.NoHead()) || !dc.dp.Snapshot().Keeps || v.Kept == nil {
 		return st, verified, err
 	}
 	if dc.watch.ReseedLocked(ctx, tx, time.Now(), &sc.creds) {
-		return tx.State(), verified, nil
+		return tx.View().State, verified, nil
 	}
-	if st, verified, err = dc.states.stateFor(ctx, tx, sc.creds, true, learnt); err == nil && tx.Empty(dc.api.NoHead()) {
+	if st, verified, err = dc.states.stateFor(ctx, tx, sc.creds, true, learnt); err == nil && tx.View().Empty(dc.api.NoHead()) {
 		return nil, false, errReseedPending
 	}
 	return st, verified, err // someone wrote meanwhile: decided on what it holds

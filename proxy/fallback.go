@@ -179,8 +179,8 @@ func (b backfill) sendCorrected(ctx context.Context, c *correction, res *rewrite
 	if !b.affords("the corrected PUT") {
 		return nil, nil // nothing corrected was sent: the first answer stands
 	}
-	tx := b.sc.tx
-	if holds, err := b.states.stillHolds(ctx, b.sc.creds, tx.Digest(), tx.LastModified(), res.SendsUnion()); err != nil || !holds {
+	v := b.sc.tx.View()
+	if holds, err := b.states.stillHolds(ctx, b.sc.creds, v.Digest, v.LastModified, res.SendsUnion()); err != nil || !holds {
 		return nil, staleBelief{} // APISIX closed the connection, and what it holds moved: decide again
 	}
 	ans, err := b.send.send(b.sc, apisix.Decide, next) // the PUT's own deadline: never cut by the budget
@@ -398,7 +398,7 @@ func (b backfill) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found []r
 		item := dataplane.Held{Section: h.Section, ID: h.ID, Error: clipString(h.Error, maxDebugMessage), Since: now, Backfilled: h.Backfilled,
 			DependsOnState: apisix.StateDependent(h.Error),
 			Sum:            b.rw.ItemFingerprint(h.Raw), Raw: h.Raw, Server: b.api.Server()}
-		prev, seen := b.sc.tx.HeldItem(h.Section, h.ID)
+		prev, seen := b.sc.tx.View().HeldItem(h.Section, h.ID)
 		if seen && prev.Sum == item.Sum {
 			item.Since = prev.Since // said when it was first held back
 		} else {
@@ -417,16 +417,16 @@ func (b backfill) hold(plan *rewrite.Plan, accepted *rewrite.Accepted, found []r
 // acceptedCopies are the copies of items the data plane last accepted: the kept
 // configuration, else the data plane's own copy (read when not known).
 func (b backfill) acceptedCopies(ctx context.Context) (*rewrite.Accepted, error) {
-	tx := b.sc.tx
+	v := b.sc.tx.View()
 	switch {
-	case tx.Kept() != nil:
+	case v.Kept != nil:
 		items := map[string][]byte{}
-		for s, raw := range tx.Kept().Items {
+		for s, raw := range v.Kept.Items {
 			items[s] = raw
 		}
 		return rewrite.NewAccepted(items), nil
-	case tx.State() != nil && tx.State().ItemsKnown:
-		return rewrite.NewAccepted(tx.State().Items), nil
+	case v.State != nil && v.State.ItemsKnown:
+		return rewrite.NewAccepted(v.State.Items), nil
 	}
 	st, _, _, err := b.states.readState(ctx, b.sc.creds)
 	if err != nil {
@@ -534,9 +534,9 @@ func (b backfill) stillRejected(ctx context.Context, plan *rewrite.Plan, section
 // decided again (these win).
 func (b backfill) knownHeld(carried []dataplane.Held) map[string]dataplane.Held {
 	if len(carried) == 0 {
-		return b.sc.tx.HeldBack()
+		return b.sc.tx.View().Held
 	}
-	known := maps.Clone(b.sc.tx.HeldBack())
+	known := maps.Clone(b.sc.tx.View().Held)
 	if known == nil {
 		known = map[string]dataplane.Held{}
 	}
@@ -551,7 +551,7 @@ func (b backfill) knownHeld(carried []dataplane.Held) map[string]dataplane.Held 
 // waits for what the data plane holds): no split, no validate.
 func (b backfill) reuseCorrection(client *rewrite.Prepared, sections map[string]bool, stateDependent bool) ([]byte, []dataplane.Held) {
 	tx := b.sc.tx
-	cached := tx.Correction()
+	cached := tx.View().Correction
 	if cached == nil || stateDependent || cached.Server != b.api.Server() {
 		return nil, nil
 	}
@@ -567,8 +567,8 @@ func (b backfill) reuseCorrection(client *rewrite.Prepared, sections map[string]
 	if !ok {
 		return nil, nil
 	}
-	held := make([]dataplane.Held, 0, len(tx.HeldBack()))
-	for _, h := range tx.HeldBack() {
+	held := make([]dataplane.Held, 0, len(tx.View().Held))
+	for _, h := range tx.View().Held {
 		held = append(held, h)
 	}
 	return corrected, held

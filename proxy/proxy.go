@@ -415,7 +415,7 @@ func (p *Proxy) TrustConnection() (trusted bool, why string) { return p.states.t
 // DebugConfig builds the /debug/config document.
 func (p *Proxy) DebugConfig() *DebugConfig {
 	trusted, why := p.states.trustReason()
-	f := debugFacts{url: credentialFreeURL(p.upstream), belief: p.dp.Snapshot(), keeps: p.dp.Keeps(), stateFile: p.dp.StateFile(),
+	f := debugFacts{url: credentialFreeURL(p.upstream), belief: p.dp.Snapshot(),
 		server: p.api.Server(), trust: DebugTrust{Mode: string(p.cfg.TrustConnection), Trusted: trusted, Why: why, Intermediary: p.api.Intermediary()}}
 	if at := p.lastAnswer.Load(); at != 0 {
 		f.lastAnswerAt = time.Unix(0, at)

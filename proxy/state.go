@@ -109,19 +109,19 @@ func (sr *stateReader) decidesUnread(tx *dataplane.Tx) bool {
 	if trusted, _ := sr.trustReason(); !trusted {
 		return false
 	}
-	return tx.Trusts(sr.api.DecideConn())
+	return tx.View().Trusts(sr.api.DecideConn())
 }
 
 // stateFor returns the data plane's state under the PUT lock, on the decide connection:
 // the belief unread where decidesUnread (verified is then false: the PUT's checks prove
 // it), the belief when a HEAD shows nobody wrote since, otherwise a GET.
 func (sr *stateReader) stateFor(ctx context.Context, tx *dataplane.Tx, creds apisix.Credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
-	if !fresh && tx.State() != nil && !sr.api.NoHead() {
+	if !fresh && tx.View().State != nil && !sr.api.NoHead() {
 		if sr.decidesUnread(tx) {
-			return tx.State(), false, nil
+			return tx.View().State, false, nil
 		}
 		if ok, err := sr.revalidate(ctx, tx, creds); err != nil || ok {
-			return tx.State(), ok, err
+			return tx.View().State, ok, err
 		}
 	}
 	st, digest, lastModified, err := sr.readState(ctx, creds)
@@ -140,7 +140,7 @@ func (sr *stateReader) revalidate(ctx context.Context, tx *dataplane.Tx, creds a
 	if err != nil {
 		return false, err
 	}
-	if head != nil && tx.Matches(head.Digest, head.LastModified) {
+	if head != nil && tx.View().Matches(head.Digest, head.LastModified) {
 		tx.Confirm(sr.api.DecideConn())
 		return true, nil
 	}

@@ -29,7 +29,7 @@ type Options struct {
 }
 
 // Belief is confshim's belief about the data plane. What it holds is read and changed
-// only through the Tx its lock returns; Snapshot, Keeps, RefreshDue and the state file's
+// only through the Tx its lock returns; Snapshot, RefreshDue and the state file's
 // writer need no lock.
 type Belief struct {
 	lock chan struct{}
@@ -53,6 +53,7 @@ type Belief struct {
 	kept       *Kept
 	refreshDue atomic.Bool // the watch should read the data plane back
 	writer     *stateWriter
+	statePath  string // the state file's ("" without a state dir)
 
 	snap atomic.Pointer[Snapshot]
 	// the metadata of the last state known, for the snapshot (a forgotten state keeps
@@ -64,6 +65,8 @@ type Belief struct {
 type Snapshot struct {
 	Digest, LastModified string
 	Kept                 *Kept
+	Keeps                bool   // re-seeding is on, so a configuration is kept
+	StateFile            string // the state file's path ("" without a state dir)
 }
 
 // Move is a section's version as confshim believed it and as a read found it.
@@ -78,6 +81,7 @@ func New(o Options) (b *Belief, loadErr error) {
 	b = &Belief{lock: make(chan struct{}, 1), keep: o.Keep}
 	if o.Keep && o.StateDir != "" {
 		b.writer = newStateWriter(o.StateDir, o.OnStateWrite)
+		b.statePath = b.writer.path()
 		loaded, err := readStateFile(o.StateDir, o.MaxFileBytes)
 		switch {
 		case err != nil:
@@ -131,38 +135,38 @@ func (b *Belief) publish() {
 	if b.state != nil {
 		b.shownDigest, b.shownLastModified = b.digest, b.lastModify
 	}
-	b.snap.Store(&Snapshot{Digest: b.shownDigest, LastModified: b.shownLastModified, Kept: b.kept})
+	b.snap.Store(&Snapshot{Digest: b.shownDigest, LastModified: b.shownLastModified, Kept: b.kept, Keeps: b.keep, StateFile: b.statePath})
 }
 
 // Snapshot is the belief as last published, read without the lock.
 func (b *Belief) Snapshot() *Snapshot { return b.snap.Load() }
 
-// State is the data plane's state as confshim has it (nil: read it).
-func (t *Tx) State() *rewrite.State { b := t.b; return b.state }
+// View is what the belief holds, as a transaction reads it: a value, taken under the
+// PUT lock, that no transition changes (take a new one after a transition).
+type View struct {
+	State                *rewrite.State // the data plane's state as confshim has it (nil: read it)
+	Digest, LastModified string         // the state's metadata
+	Record               *rewrite.Record
+	Owned                rewrite.Ownership
+	Kept                 *Kept           // the kept configuration (nil: none)
+	Held                 map[string]Held // the items held back in the last accepted sync (do not change)
+	Correction           *Correction     // the correction made before that PUT (nil: none)
+	trustedConn          uint64
+}
 
-// Digest and LastModified are the metadata the state belongs to.
-func (t *Tx) Digest() string       { b := t.b; return b.digest }
-func (t *Tx) LastModified() string { b := t.b; return b.lastModify }
-
-// Record is confshim's record of its last accepted write.
-func (t *Tx) Record() *rewrite.Record { b := t.b; return b.record }
-
-// Owned is the memory of ownership of --merge sections.
-func (t *Tx) Owned() rewrite.Ownership { b := t.b; return b.owned }
-
-// Kept is the configuration kept for re-seeding (nil: none).
-func (t *Tx) Kept() *Kept { b := t.b; return b.kept }
-
-// Keeps: re-seeding is on, so a configuration is kept.
-func (b *Belief) Keeps() bool { return b.keep }
+// View is what the belief holds now.
+func (t *Tx) View() View {
+	b := t.b
+	return View{State: b.state, Digest: b.digest, LastModified: b.lastModify, Record: b.record, Owned: b.owned,
+		Kept: b.kept, Held: b.held, Correction: b.correction, trustedConn: b.trustedConn}
+}
 
 // KeptState is the state believed with its items taken from the kept configuration,
 // when that describes exactly this state (nil otherwise): a decision that needs the
 // data plane's items then needs no read.
-func (t *Tx) KeptState() *rewrite.State {
-	b := t.b
-	k := b.kept
-	if k == nil || b.state == nil || b.digest == "" || k.Digest != b.digest || k.LastModified != b.lastModify {
+func (v View) KeptState() *rewrite.State {
+	k := v.Kept
+	if k == nil || v.State == nil || v.Digest == "" || k.Digest != v.Digest || k.LastModified != v.LastModified {
 		return nil
 	}
 	items := make(map[string][]byte, len(k.Items))
@@ -174,23 +178,26 @@ func (t *Tx) KeptState() *rewrite.State {
 
 // Empty: the last look found nothing stored since the data plane started (no
 // X-Last-Modified; APISIX 3.13, which never sends one, excluded).
-func (t *Tx) Empty(noHead bool) bool {
-	b := t.b
-	return !noHead && b.state != nil && b.lastModify == ""
+func (v View) Empty(noHead bool) bool {
+	return !noHead && v.State != nil && v.LastModified == ""
 }
 
 // Matches: the data plane answered with the metadata of the state confshim has.
-func (t *Tx) Matches(digest, lastModified string) bool {
-	b := t.b
-	return b.state != nil && digest == b.digest && lastModified == b.lastModify
+func (v View) Matches(digest, lastModified string) bool {
+	return v.State != nil && digest == v.Digest && lastModified == v.LastModified
 }
 
 // Trusts: the state was confirmed on conn, the decide connection still open (as
 // apisix.Client.DecideConn names it; 0 is never trusted), with no doubt since, so a
 // sync may be decided on it unread — APISIX's version check proves it.
-func (t *Tx) Trusts(conn uint64) bool {
-	b := t.b
-	return conn != 0 && conn == b.trustedConn && b.state != nil && b.lastModify != ""
+func (v View) Trusts(conn uint64) bool {
+	return conn != 0 && conn == v.trustedConn && v.State != nil && v.LastModified != ""
+}
+
+// HeldItem is section's item id as it was held back in the last accepted sync.
+func (v View) HeldItem(section, id string) (Held, bool) {
+	h, ok := v.Held[heldKey(section, id)]
+	return h, ok
 }
 
 // Confirm: the state was just confirmed on conn.
@@ -455,13 +462,6 @@ func (b *Belief) RefreshDue() bool { return b.refreshDue.Load() }
 // AskRefresh asks the watch to look again at its next tick.
 func (t *Tx) AskRefresh() { t.b.refreshDue.Store(true) }
 
-// ForgetKept drops the kept configuration and asks the watch to read it back.
-func (t *Tx) ForgetKept() {
-	b := t.b
-	defer b.publish()
-	b.forgetKept()
-}
-
 func (b *Belief) forgetKept() {
 	b.kept = nil
 	b.refreshDue.Store(true)
@@ -487,12 +487,4 @@ func (b *Belief) Wait() {
 	if b.writer != nil {
 		b.writer.wait()
 	}
-}
-
-// StateFile is the state file's path ("" without a state dir).
-func (b *Belief) StateFile() string {
-	if b.writer == nil {
-		return ""
-	}
-	return b.writer.path()
 }

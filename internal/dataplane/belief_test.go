@@ -36,7 +36,7 @@ func decided(t *testing.T, b *Tx, body string) (*rewrite.Result, *rewrite.Prepar
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := rw.Decide(p, rewrite.Input{Body: []byte(body), Digest: "c1", HasDigest: true, State: b.State(), Record: b.Record(), Owned: b.Owned()})
+	res, err := rw.Decide(p, rewrite.Input{Body: []byte(body), Digest: "c1", HasDigest: true, State: b.View().State, Record: b.View().Record, Owned: b.View().Owned})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,19 +67,19 @@ func TestAfterA202TheWriteIsBelievedAndTrusted(t *testing.T) {
 	b.Read(readState(t, stored), "d0", "100", false, 1)
 	res, prepared := decided(t, b, `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/b"}],"secrets_conf_version":0}`)
 	b.Answered(Outcome{Status: 202, Digest: "c1+x", LastModified: "101", Res: res, Prepared: prepared, Conn: 1})
-	if !b.Trusts(1) {
+	if !b.View().Trusts(1) {
 		t.Fatal("a 202 on the decide connection must leave the state trusted")
 	}
-	if b.Trusts(2) {
+	if b.View().Trusts(2) {
 		t.Fatal("a re-opened connection (another dial) must end the trust")
 	}
-	if b.Trusts(0) {
+	if b.View().Trusts(0) {
 		t.Fatal("a connection that cannot be vouched for (0) is never trusted")
 	}
-	if v := b.State().Version("routes"); v != 5 || b.Digest() != "c1+x" || b.LastModified() != "101" {
-		t.Fatalf("state after the 202: routes %v, %q %q", v, b.Digest(), b.LastModified())
+	if v := b.View().State.Version("routes"); v != 5 || b.View().Digest != "c1+x" || b.View().LastModified != "101" {
+		t.Fatalf("state after the 202: routes %v, %q %q", v, b.View().Digest, b.View().LastModified)
 	}
-	k := b.Kept()
+	k := b.View().Kept
 	if k == nil || k.Versions["routes"] != 5 || string(k.Items["routes"]) != `[{"id":"r1","uri":"/b"}]` ||
 		string(k.Items["secrets"]) != `[{"id":"vault/1","uri":"http://v"}]` {
 		t.Fatalf("kept after the 202: %+v", k)
@@ -97,17 +97,17 @@ func TestAfterA202TheWriteIsBelievedAndTrusted(t *testing.T) {
 func TestA204ChangesTheRecordOnlyForTheNoOpPut(t *testing.T) {
 	b := newBelief(t)
 	b.Read(readState(t, stored), "d0", "100", false, 1)
-	record := b.Record()
+	record := b.View().Record
 	res, prepared := decided(t, b, `{"routes_conf_version":3,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":0}`)
 	b.Answered(Outcome{Status: 204, Res: res, Prepared: prepared, Conn: 1}) // the client's own digest
-	if b.Record() != record {
+	if b.View().Record != record {
 		t.Fatal("a 204 to the client's digest proves nothing about the body: the record must not move")
 	}
 	b.Answered(Outcome{Status: 204, Res: res, Prepared: prepared, NoOp: true, Conn: 1})
-	if b.Record() == record {
+	if b.View().Record == record {
 		t.Fatal("a 204 to confshim's no-op PUT confirms the body: the record must follow it")
 	}
-	if b.State() == nil || b.Digest() != "d0" {
+	if b.View().State == nil || b.View().Digest != "d0" {
 		t.Fatal("a 204 leaves the data plane as it was")
 	}
 }
@@ -116,12 +116,12 @@ func TestARejectionEndsTheTrustAndKeepsTheState(t *testing.T) {
 	b := newBelief(t)
 	b.Read(readState(t, stored), "d0", "100", false, 1)
 	res, prepared := decided(t, b, `{"routes_conf_version":5,"routes":[{"id":"r1","plugins":{"nope":{}}}],"secrets_conf_version":0}`)
-	kept := b.Kept()
+	kept := b.View().Kept
 	b.Answered(Outcome{Status: 400, Res: res, Prepared: prepared, Conn: 1})
-	if b.Trusts(1) {
+	if b.View().Trusts(1) {
 		t.Fatal("after a rejection the next sync must read first")
 	}
-	if b.State() == nil || b.State().Version("routes") != 3 || b.Kept() != kept {
+	if b.View().State == nil || b.View().State.Version("routes") != 3 || b.View().Kept != kept {
 		t.Fatal("nothing was stored: the state and the kept configuration stand")
 	}
 }
@@ -130,7 +130,7 @@ func TestAnUntouchedBodyThatLandedForgetsEverything(t *testing.T) {
 	b := newBelief(t)
 	b.Read(readState(t, stored), "d0", "100", false, 1)
 	b.Answered(Outcome{Status: 202, Digest: "x", LastModified: "101"})
-	if b.State() != nil || b.Record() != nil || b.Kept() != nil || !b.b.RefreshDue() {
+	if b.View().State != nil || b.View().Record != nil || b.View().Kept != nil || !b.b.RefreshDue() {
 		t.Fatal("a body confshim did not decide landed: it knows nothing and the watch reads back")
 	}
 	// and the next read blames nobody
@@ -145,17 +145,17 @@ func TestABackfillForgetsTheCorrectedSections(t *testing.T) {
 	res, prepared := decided(t, b, `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/b"}],"secrets_conf_version":0}`)
 	b.Answered(Outcome{Status: 202, Digest: "c1+b", LastModified: "101", Res: res, Prepared: prepared, Conn: 1})
 	body := `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/b"}],"secrets_conf_version":0}`
-	if _, err := rw.Decide(mustPrepare(t, body), rewrite.Input{Body: []byte(body), State: b.State(), Record: b.Record()}); err != nil {
+	if _, err := rw.Decide(mustPrepare(t, body), rewrite.Input{Body: []byte(body), State: b.View().State, Record: b.View().Record}); err != nil {
 		t.Fatalf("before the backfill the record vouches for routes: %v", err)
 	}
 	b.Answered(Outcome{Status: 202, Digest: "c1+b", LastModified: "101", Res: res, Prepared: prepared, Conn: 1, Backfilled: []string{"routes"}})
-	if _, err := rw.Decide(mustPrepare(t, body), rewrite.Input{Body: []byte(body), State: b.State(), Record: b.Record()}); !errors.Is(err, rewrite.ErrStateIncomplete) {
+	if _, err := rw.Decide(mustPrepare(t, body), rewrite.Input{Body: []byte(body), State: b.View().State, Record: b.View().Record}); !errors.Is(err, rewrite.ErrStateIncomplete) {
 		t.Fatalf("routes' content is a correction, not the client's copy: deciding must read the items, got %v", err)
 	}
 	// a second step moved versions: the state is read again, the kept one read back, and
 	// the versions believed follow the second PUT
 	b.Answered(Outcome{Status: 202, Digest: "c1+b", LastModified: "101", Res: res, Prepared: prepared, Conn: 1, Backfilled: []string{"routes"}, Versions: map[string]float64{"routes": 6}})
-	if b.State() != nil || b.Kept() != nil || !b.b.RefreshDue() {
+	if b.View().State != nil || b.View().Kept != nil || !b.b.RefreshDue() {
 		t.Fatal("after a second step the state and the kept configuration are read again")
 	}
 	moved := b.Read(readState(t, `{"routes_conf_version":6,"secrets_conf_version":1}`), "c1+b+2", "102", false, 1)
@@ -177,12 +177,12 @@ func TestAReseedIsBelievedAsTheKeptConfiguration(t *testing.T) {
 	b := newBelief(t)
 	k := KeptFromState(readState(t, stored), "d0", "100", nil)
 	b.Read(readState(t, `{"routes_conf_version":0,"secrets_conf_version":0}`), "", "", false, 2) // restarted empty
-	if !b.Empty(false) {
+	if !b.View().Empty(false) {
 		t.Fatal("a state without X-Last-Modified is an empty data plane")
 	}
 	b.Reseeded(k, "d0", "200", 2)
-	if b.Empty(false) || !b.Trusts(2) || b.State().Version("secrets") != 1 || b.Kept().LastModified != "200" {
-		t.Fatalf("after the re-seed: %+v %+v", b.State(), b.Kept())
+	if b.View().Empty(false) || !b.View().Trusts(2) || b.View().State.Version("secrets") != 1 || b.View().Kept.LastModified != "200" {
+		t.Fatalf("after the re-seed: %+v %+v", b.View().State, b.View().Kept)
 	}
 	if moved := b.Read(readState(t, stored), "d0", "200", false, 2); len(moved) != 0 {
 		t.Fatalf("the re-seed's versions counted as an out-of-band write: %+v", moved)
@@ -243,11 +243,11 @@ func TestTheLockIsOneAtATime(t *testing.T) {
 func TestAReadKeepsTheKeptConfigurationCurrent(t *testing.T) {
 	tx := newBelief(t)
 	tx.Read(readState(t, stored), "d0", "100", false, 1)
-	if k := tx.Kept(); k == nil || k.Digest != "d0" || k.LastModified != "100" || k.Versions["secrets"] != 1 {
+	if k := tx.View().Kept; k == nil || k.Digest != "d0" || k.LastModified != "100" || k.Versions["secrets"] != 1 {
 		t.Fatalf("kept after a read: %+v", k)
 	}
 	tx.Read(readState(t, `{"routes_conf_version":0,"secrets_conf_version":0}`), "", "", false, 2) // restarted empty
-	if k := tx.Kept(); k == nil || k.Digest != "d0" {
+	if k := tx.View().Kept; k == nil || k.Digest != "d0" {
 		t.Fatalf("an empty read replaced the kept configuration: %+v", k)
 	}
 	b := tx.b
@@ -267,7 +267,7 @@ func TestATxIsDoneOnceUnlocked(t *testing.T) {
 	b, _ := New(Options{})
 	tx, _ := b.Lock(context.Background())
 	tx.Unlock()
-	for name, use := range map[string]func(){"State": func() { tx.State() }, "Doubt": func() { tx.Doubt() }, "Unlock": func() { tx.Unlock() }} {
+	for name, use := range map[string]func(){"View": func() { tx.View() }, "Doubt": func() { tx.Doubt() }, "Unlock": func() { tx.Unlock() }} {
 		func() {
 			defer func() {
 				if recover() == nil {

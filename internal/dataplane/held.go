@@ -36,16 +36,6 @@ type Correction struct {
 
 func heldKey(section, id string) string { return section + "\x00" + id }
 
-// HeldBack is the items held back in the last accepted sync (do not change the map).
-func (t *Tx) HeldBack() map[string]Held { b := t.b; return b.held }
-
-// HeldItem is section's item id as it was held back in the last accepted sync.
-func (t *Tx) HeldItem(section, id string) (Held, bool) {
-	b := t.b
-	h, ok := b.held[heldKey(section, id)]
-	return h, ok
-}
-
 // SetHeld records the items held back in the accepted sync (their bytes copied out of
 // the request's pooled buffer).
 func (b *Belief) setHeld(held []Held) {
@@ -55,8 +45,5 @@ func (b *Belief) setHeld(held []Held) {
 		b.held[heldKey(h.Section, h.ID)] = h
 	}
 }
-
-// Correction is the last correction made before a PUT (nil: none).
-func (t *Tx) Correction() *Correction { b := t.b; return b.correction }
 
 // SetCorrection keeps (or, nil, drops) the correction of an accepted sync.

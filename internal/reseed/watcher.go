@@ -292,7 +292,7 @@ func (w *Watcher) refresh(ctx context.Context, digest, lastModified string) {
 // now holds the kept configuration.
 func (w *Watcher) ReseedLocked(ctx context.Context, tx *dataplane.Tx, foundEmpty time.Time, caller *apisix.Credentials) bool {
 	api, m := w.cfg.API, w.cfg.Metrics
-	k := tx.Kept()
+	k := tx.View().Kept
 	if k == nil {
 		return false
 	}
