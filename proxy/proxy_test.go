@@ -68,6 +68,7 @@ func (r *recorder) puts() []seen {
 }
 
 type fixture struct {
+	p     *Proxy
 	rec   *recorder
 	em    *emulator.Emulator
 	url   string
@@ -115,7 +116,7 @@ func newFixture(t *testing.T, upstream http.Handler, mutate func(*Config)) *fixt
 	}
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
-	f.url = srv.URL
+	f.url, f.p = srv.URL, p
 	return f
 }
 
