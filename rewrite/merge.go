@@ -2,7 +2,6 @@ package rewrite
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"github.com/confshim/confshim/internal/sections"
 	"slices"
@@ -138,7 +137,9 @@ func eachMember(item []byte, fn func(name string, value []byte)) {
 		}
 		name := string(key)
 		if bytes.IndexByte(key, '\\') >= 0 { // an escaped key: as lua-cjson decodes it
-			_ = json.Unmarshal(item[keyStart:keyEnd], &name)
+			if s, ok := unquote(item[keyStart:keyEnd]); ok {
+				name = s
+			}
 		}
 		fn(name, bytes.TrimSpace(item[i:end]))
 		if i = skipWS(item, end); i < len(item) && item[i] == ',' {
@@ -155,8 +156,7 @@ func idText(raw []byte) string {
 	if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' && bytes.IndexByte(raw, '\\') < 0 {
 		return string(raw[1 : len(raw)-1]) // no escapes: the string as it is
 	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
+	if s, ok := unquote(raw); ok {
 		return s
 	}
 	return string(raw)

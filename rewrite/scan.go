@@ -323,11 +323,20 @@ func (m member) keyName() string {
 	}
 	quoted := make([]byte, 0, len(m.key)+2)
 	quoted = append(append(append(quoted, '"'), m.key...), '"')
-	v, err := fastjson.ParseBytes(quoted)
-	if err != nil {
-		return string(m.key)
+	if s, ok := unquote(quoted); ok {
+		return s
 	}
-	return string(v.GetStringBytes())
+	return string(m.key)
+}
+
+// unquote is a JSON string's value, escapes resolved as lua-cjson resolves them (bytes
+// that are not UTF-8 kept as they are); false when quoted is not a JSON string.
+func unquote(quoted []byte) (string, bool) {
+	v, err := fastjson.ParseBytes(quoted)
+	if err != nil || v.Type() != fastjson.TypeString {
+		return "", false
+	}
+	return string(v.GetStringBytes()), true
 }
 
 // index names every member and refuses a repeated key (§4 item 4: APISIX would take
