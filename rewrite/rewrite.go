@@ -41,22 +41,45 @@ func New(preserve []string) *Rewriter {
 // (forward untouched).
 func (rw *Rewriter) Prepare(body []byte) (*Prepared, error) {
 	obj, err := scanObject(body, make([]member, 0, 32))
+	return rw.preparedJSON(body, obj, nil, err)
+}
+
+// PrepareArrived is PrepareLike for a body scanned while it arrived (NewBodyScan; no
+// Feed may run any more): a body of prev's shape is checked against it, any other
+// finishes the scan.
+func (rw *Rewriter) PrepareArrived(body []byte, bs *BodyScan, prev *Layout) (*Prepared, error) {
+	full := func() (*Prepared, error) {
+		obj, sums, err := bs.finish(body)
+		return rw.preparedJSON(body, obj, sums, err)
+	}
+	return rw.prepareLike(body, prev, full)
+}
+
+// preparedJSON is a scanned JSON body prepared, or the scan's error as Prepare says it.
+func (rw *Rewriter) preparedJSON(body []byte, obj object, sums []uint64, err error) (*Prepared, error) {
 	switch {
 	case errors.Is(err, errNotObject):
 		return nil, ErrNotObject
 	case err != nil:
 		return nil, &SkipError{Reason: "the body is not valid JSON: " + err.Error()}
 	}
-	return rw.prepared(body, obj, false)
+	return rw.preparedSums(body, obj, false, sums)
 }
 
 func (rw *Rewriter) prepared(body []byte, obj object, yaml bool) (*Prepared, error) {
+	return rw.preparedSums(body, obj, yaml, nil)
+}
+
+// preparedSums indexes a scanned body and hashes its members' values (those not in
+// sums, the hashes of the first members an arriving scan already took).
+func (rw *Rewriter) preparedSums(body []byte, obj object, yaml bool, sums []uint64) (*Prepared, error) {
 	if err := obj.index(); err != nil {
 		return nil, err
 	}
 	p := &Prepared{body: body, obj: obj, yaml: yaml, sums: make([]uint64, len(obj.members))}
-	for i, m := range obj.members {
-		if m.valueStart >= 0 {
+	copy(p.sums, sums)
+	for i := len(sums); i < len(obj.members); i++ {
+		if m := obj.members[i]; m.valueStart >= 0 {
 			p.sums[i] = maphash.Bytes(rw.seed, body[m.valueStart:m.valueEnd])
 		}
 	}
@@ -274,22 +297,27 @@ func (p *Prepared) Layout() *Layout { return p.layout }
 // values are valid JSON, it is the same object with the same members, and only those
 // values are validated. Otherwise it scans the whole body, as Prepare does.
 func (rw *Rewriter) PrepareLike(body []byte, prev *Layout) (*Prepared, error) {
+	return rw.prepareLike(body, prev, func() (*Prepared, error) { return rw.Prepare(body) })
+}
+
+// prepareLike is PrepareLike with full as what prepares a body of another shape.
+func (rw *Rewriter) prepareLike(body []byte, prev *Layout, full func() (*Prepared, error)) (*Prepared, error) {
 	if prev == nil || len(body) != prev.size || len(prev.obj.members) == 0 {
-		return rw.Prepare(body)
+		return full()
 	}
 	members := prev.obj.members
 	if maphash.Bytes(rw.seed, body[:members[0].start]) != prev.headSum {
-		return rw.Prepare(body)
+		return full()
 	}
 	valSums := make([]uint64, len(members))
 	for i, m := range members {
 		if maphash.Bytes(rw.seed, body[m.start:m.valueStart]) != prev.keySums[i] ||
 			maphash.Bytes(rw.seed, body[m.valueEnd:prev.nextStart(i)]) != prev.tailSums[i] {
-			return rw.Prepare(body)
+			return full()
 		}
 		valSums[i] = maphash.Bytes(rw.seed, body[m.valueStart:m.valueEnd])
 		if valSums[i] != prev.valSums[i] && !validValue(body[m.valueStart:m.valueEnd], 1) {
-			return rw.Prepare(body) // let the full scan say what is wrong
+			return full() // let the full scan say what is wrong
 		}
 	}
 	p := &Prepared{body: body, obj: prev.obj, sums: valSums}

@@ -53,127 +53,190 @@ func scanObject(body []byte, members []member) (object, error) {
 	return s.obj, nil
 }
 
+// scanner is one pass over a JSON value: where it stands (i, a value starting or one
+// just ended), the containers open around it, and the top-level members found.
 type scanner struct {
 	b        []byte
+	i        int
 	stack    []byte // open containers: '{' or '['
 	isObject bool
 	obj      object
 	cur      member // the top-level member being read
 	depth    int    // levels already open around b (a member's value: 1)
+	// mark, when set, is told at each value that starts at most two levels deep (a
+	// member's value, a section's item): where an incremental scan may resume. An
+	// error from it stops the scan.
+	mark func() error
+	// partial: b is a prefix of the body; a failure is no verdict (errPartial), only a
+	// sign that the scan needs more bytes or the whole body.
+	partial bool
 }
 
-func (s *scanner) fail(i int, what string) error { return &syntaxError{offset: i, what: what} }
+// errPartial: a scan of a prefix stopped; the scan of the whole body gives the verdict.
+var errPartial = errors.New("the scan of a prefix stopped")
+
+func (s *scanner) fail(i int, what string) error {
+	if s.partial {
+		return errPartial
+	}
+	return &syntaxError{offset: i, what: what}
+}
 
 func (s *scanner) run() error {
 	var stackBuf [64]byte
 	s.stack = stackBuf[:0]
-	b := s.b
-	i := skipWS(b, 0)
-	if i >= len(b) {
-		return s.fail(i, "empty body")
+	s.i = skipWS(s.b, 0)
+	if s.i >= len(s.b) {
+		return s.fail(s.i, "empty body")
 	}
-	s.isObject = b[i] == '{'
+	s.isObject = s.b[s.i] == '{'
+	return s.resume()
+}
+
+// resume scans from s.i, where a value starts, to the end of the body. The offset
+// travels as a value between the steps (s.i is where a mark, or a stop, left it).
+func (s *scanner) resume() error {
+	i := s.i
 	for {
-		// A value starts at i.
+		if s.mark != nil && len(s.stack) <= 2 && i < len(s.b) {
+			s.i = i
+			if err := s.mark(); err != nil {
+				return err
+			}
+		}
+		var next int
+		var ended bool
+		var err error
+		if i < len(s.b) && s.b[i] == '"' { // most values: a string, read here
+			next, err = scanString(s.b, i+1)
+			ended = true
+			if err != nil && s.partial {
+				err = errPartial
+			}
+		} else {
+			next, ended, err = s.value(i)
+		}
+		if err != nil {
+			s.i = i
+			return err
+		}
+		i = next
+		if !ended {
+			continue // a container opened: its first value starts at i
+		}
+		var done bool
+		next, done, err = s.after(i)
+		if done || err != nil {
+			s.i = i
+			return err
+		}
+		i = next
+	}
+}
+
+// value reads the start of the value at i: a whole scalar or an empty container
+// (ended), or the opening of a container and, in an object, its first key. It returns
+// where the scan goes on.
+func (s *scanner) value(i int) (next int, ended bool, err error) {
+	b := s.b
+	if i >= len(b) {
+		return i, false, s.fail(i, "missing value")
+	}
+	switch c := b[i]; c {
+	case '{', '[':
+		return s.open(c, i)
+	case '"':
+		next, err = scanString(b, i+1)
+	case 't':
+		next, err = s.literal(i, "true")
+	case 'f':
+		next, err = s.literal(i, "false")
+	case 'n':
+		next, err = s.literal(i, "null")
+	default:
+		next, err = scanNumber(b, i)
+	}
+	if err != nil && s.partial {
+		err = errPartial
+	}
+	return next, true, err
+}
+
+// literal reads true, false or null at i.
+func (s *scanner) literal(i int, word string) (int, error) {
+	if !bytes.HasPrefix(s.b[i:], []byte(word)) {
+		return 0, s.fail(i, "unexpected value")
+	}
+	return i + len(word), nil
+}
+
+// open opens the container c at i; an empty one ends at once.
+func (s *scanner) open(c byte, i int) (next int, ended bool, err error) {
+	if s.depth+len(s.stack) >= maxDepth {
+		return i, false, errTooDeep
+	}
+	b := s.b
+	s.stack = append(s.stack, c)
+	i = skipWS(b, i+1)
+	if i < len(b) && (b[i] == '}' && c == '{' || b[i] == ']' && c == '[') {
+		s.stack = s.stack[:len(s.stack)-1]
+		if len(s.stack) == 0 && s.isObject {
+			s.obj.close = i
+		}
+		return i + 1, true, nil
+	}
+	if c == '{' {
+		i, err = s.key(i)
+	}
+	return i, false, err
+}
+
+// after follows a value that ended at i: it closes the containers that end there and
+// returns where the next value starts (past a ',' and, in an object, its key). done:
+// the body's value ended.
+func (s *scanner) after(i int) (next int, done bool, err error) {
+	b := s.b
+	for {
+		if len(s.stack) == 1 && s.isObject {
+			s.cur.valueEnd = i
+			s.obj.members = append(s.obj.members, s.cur)
+		}
+		i = skipWS(b, i)
+		if len(s.stack) == 0 {
+			return i, true, s.trailing(i)
+		}
 		if i >= len(b) {
-			return s.fail(i, "missing value")
+			return i, false, s.fail(i, "unexpected end")
 		}
-		switch c := b[i]; {
-		case c == '{' || c == '[':
-			if s.depth+len(s.stack) >= maxDepth {
-				return errTooDeep
-			}
-			s.stack = append(s.stack, c)
+		top := s.stack[len(s.stack)-1]
+		switch {
+		case b[i] == ',':
 			i = skipWS(b, i+1)
-			if i < len(b) && (b[i] == '}' && c == '{' || b[i] == ']' && c == '[') {
-				s.stack = s.stack[:len(s.stack)-1]
-				if len(s.stack) == 0 && s.isObject {
-					s.obj.close = i
-				}
-				i++
-				break
+			if top == '{' {
+				i, err = s.key(i)
 			}
-			if c == '{' {
-				var err error
-				if i, err = s.key(i); err != nil {
-					return err
-				}
+			return i, false, err
+		case b[i] == '}' && top == '{', b[i] == ']' && top == '[':
+			s.stack = s.stack[:len(s.stack)-1]
+			if len(s.stack) == 0 && s.isObject {
+				s.obj.close = i
 			}
-			continue
-		case c == '"':
-			end, err := scanString(b, i+1)
-			if err != nil {
-				return err
-			}
-			i = end
-		case c == 't':
-			if !bytes.HasPrefix(b[i:], []byte("true")) {
-				return s.fail(i, "unexpected value")
-			}
-			i += 4
-		case c == 'f':
-			if !bytes.HasPrefix(b[i:], []byte("false")) {
-				return s.fail(i, "unexpected value")
-			}
-			i += 5
-		case c == 'n':
-			if !bytes.HasPrefix(b[i:], []byte("null")) {
-				return s.fail(i, "unexpected value")
-			}
-			i += 4
-		default:
-			end, err := scanNumber(b, i)
-			if err != nil {
-				return err
-			}
-			i = end
-		}
-		// A value ended at i: close containers and find the next value.
-		for {
-			if len(s.stack) == 1 && s.isObject {
-				s.cur.valueEnd = i
-				s.obj.members = append(s.obj.members, s.cur)
-			}
-			i = skipWS(b, i)
+			i++
 			if len(s.stack) == 0 {
-				if i != len(b) {
-					return s.fail(i, "unexpected data after the value")
-				}
-				return nil
+				return i, true, s.trailing(skipWS(b, i))
 			}
-			if i >= len(b) {
-				return s.fail(i, "unexpected end")
-			}
-			top := s.stack[len(s.stack)-1]
-			switch {
-			case b[i] == ',':
-				i = skipWS(b, i+1)
-				if top == '{' {
-					var err error
-					if i, err = s.key(i); err != nil {
-						return err
-					}
-				}
-			case b[i] == '}' && top == '{', b[i] == ']' && top == '[':
-				s.stack = s.stack[:len(s.stack)-1]
-				if len(s.stack) == 0 && s.isObject {
-					s.obj.close = i
-				}
-				i++
-				if len(s.stack) == 0 {
-					i = skipWS(b, i)
-					if i != len(b) {
-						return s.fail(i, "unexpected data after the value")
-					}
-					return nil
-				}
-				continue
-			default:
-				return s.fail(i, "expected ',' or the end of a container")
-			}
-			break
+		default:
+			return i, false, s.fail(i, "expected ',' or the end of a container")
 		}
 	}
+}
+
+// trailing: nothing but whitespace may follow the body's value.
+func (s *scanner) trailing(i int) error {
+	if i != len(s.b) {
+		return s.fail(i, "unexpected data after the value")
+	}
+	return nil
 }
 
 // key reads `"key" :` at i and returns where the value starts.
@@ -184,6 +247,9 @@ func (s *scanner) key(i int) (int, error) {
 	}
 	end, err := scanString(b, i+1)
 	if err != nil {
+		if s.partial {
+			return 0, errPartial
+		}
 		return 0, err
 	}
 	if len(s.stack) == 1 && s.isObject {
@@ -282,38 +348,45 @@ func isHex4(h []byte) bool {
 // scanNumber validates -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? at i.
 func scanNumber(b []byte, i int) (int, error) {
 	start := i
-	digits := func() int {
-		n := 0
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-			n++
-		}
-		return n
-	}
 	if i < len(b) && b[i] == '-' {
 		i++
 	}
 	first := i
-	n := digits()
-	if n == 0 || (b[first] == '0' && n > 1) {
+	i, n := skipDigits(b, i)
+	ok := n > 0 && (b[first] != '0' || n == 1)
+	if ok && i < len(b) && b[i] == '.' {
+		i, n = skipDigits(b, i+1)
+		ok = n > 0
+	}
+	if ok {
+		i, ok = scanExponent(b, i)
+	}
+	if !ok {
 		return 0, &syntaxError{offset: start, what: "invalid number"}
 	}
-	if i < len(b) && b[i] == '.' {
-		i++
-		if digits() == 0 {
-			return 0, &syntaxError{offset: start, what: "invalid number"}
-		}
-	}
-	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		i++
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			i++
-		}
-		if digits() == 0 {
-			return 0, &syntaxError{offset: start, what: "invalid number"}
-		}
-	}
 	return i, nil
+}
+
+// scanExponent reads an optional [eE][+-]?[0-9]+ at i.
+func scanExponent(b []byte, i int) (int, bool) {
+	if i >= len(b) || (b[i] != 'e' && b[i] != 'E') {
+		return i, true
+	}
+	i++
+	if i < len(b) && (b[i] == '+' || b[i] == '-') {
+		i++
+	}
+	i, n := skipDigits(b, i)
+	return i, n > 0
+}
+
+// skipDigits returns where the digits at i end, and how many there were.
+func skipDigits(b []byte, i int) (int, int) {
+	start := i
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		i++
+	}
+	return i, i - start
 }
 
 // keyName returns the member's key unescaped (the common case needs no copy).

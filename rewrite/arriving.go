@@ -1,0 +1,132 @@
+package rewrite
+
+import (
+	"errors"
+	"hash/maphash"
+	"sync/atomic"
+)
+
+// BodyScan scans a JSON body while it arrives: Feed it each longer prefix of the body
+// (from one goroutine at a time), then PrepareArrived with the whole body once no Feed
+// runs any more; only what was not
+// scanned yet (at most the item the last prefix ended in) is left to do then. The result
+// is exactly Prepare's: the same members, the same sums, the same errors.
+//
+// A prefix scan stops where the prefix ends (or at an error, which only the whole body
+// may report) and goes on, at the next prefix, from the start of the value it stopped
+// in: a section's item or a top-level member, never deeper. A prefix is scanned again
+// from there only once the bytes after it have doubled, so the work stays linear in the
+// body, however it is cut.
+type BodyScan struct {
+	rw      *Rewriter
+	s       scanner
+	stack   [64]byte
+	at      resumePoint // where the next prefix is scanned from
+	started bool
+	retryAt int // the prefix length at which the scan is tried again
+	sums    []uint64
+	stop    atomic.Bool
+}
+
+// resumePoint is the scanner's state at a value that starts at most two levels deep.
+type resumePoint struct {
+	i       int
+	stack   [2]byte
+	depth   int
+	members int
+	cur     member
+}
+
+// errScanStopped: Stop was called.
+var errScanStopped = errors.New("the scan was stopped")
+
+// NewBodyScan starts the scan of a JSON body that is still arriving.
+func (rw *Rewriter) NewBodyScan() *BodyScan {
+	bs := &BodyScan{rw: rw}
+	bs.s.obj.members = make([]member, 0, 32)
+	bs.s.stack = bs.stack[:0]
+	bs.s.partial = true
+	bs.s.mark = bs.mark
+	return bs
+}
+
+// Stop makes a Feed in progress return soon (at the next item) and later ones at once;
+// what was scanned stays, and Finish does the rest.
+func (bs *BodyScan) Stop() { bs.stop.Store(true) }
+
+func (bs *BodyScan) mark() error {
+	if bs.stop.Load() {
+		return errScanStopped
+	}
+	s := &bs.s
+	bs.at = resumePoint{i: s.i, depth: len(s.stack), members: len(s.obj.members), cur: s.cur}
+	copy(bs.at.stack[:], s.stack)
+	return nil
+}
+
+// restore puts the scanner back where the last mark left it.
+func (bs *BodyScan) restore() {
+	s := &bs.s
+	s.i, s.cur = bs.at.i, bs.at.cur
+	s.stack = append(s.stack[:0], bs.at.stack[:bs.at.depth]...)
+	s.obj.members = s.obj.members[:bs.at.members]
+}
+
+// Feed scans as much of prefix, the body's first bytes so far, as it can. prefix must
+// keep its bytes until Finish (a longer one may live in another array).
+func (bs *BodyScan) Feed(prefix []byte) {
+	if bs.stop.Load() || len(prefix) < bs.retryAt {
+		return
+	}
+	s := &bs.s
+	s.b = prefix
+	if !bs.started {
+		s.i = skipWS(prefix, 0)
+		if s.i >= len(prefix) {
+			bs.retryAt = 2 * len(prefix) // whitespace so far: look again once it doubled
+			return
+		}
+		s.isObject, bs.started = prefix[s.i] == '{', true
+		bs.at = resumePoint{i: s.i}
+	} else {
+		bs.restore()
+	}
+	err := s.resume() // a stop, too, leaves the last mark a place to go on from
+	bs.restore()
+	bs.retryAt = len(prefix) + max(len(prefix)-bs.at.i, 1)
+	if err == nil {
+		bs.retryAt = len(prefix) + 1 // scanned to its end: only the whole body tells more
+	}
+	bs.hashDone(prefix)
+}
+
+// hashDone hashes the members the scan has finished (those before the resume point).
+func (bs *BodyScan) hashDone(prefix []byte) {
+	for i := len(bs.sums); i < bs.at.members; i++ {
+		m := bs.s.obj.members[i]
+		bs.sums = append(bs.sums, maphash.Bytes(bs.rw.seed, prefix[m.valueStart:m.valueEnd]))
+	}
+}
+
+// finish scans the rest of body strictly and returns its top-level object as
+// scanObject would, with the members' sums (nil when Finish must compute them).
+func (bs *BodyScan) finish(body []byte) (object, []uint64, error) {
+	if !bs.started {
+		obj, err := scanObject(body, bs.s.obj.members)
+		return obj, nil, err
+	}
+	s := &bs.s
+	s.b, s.partial, s.mark = body, false, nil
+	bs.restore()
+	if err := s.resume(); err != nil {
+		return object{}, nil, err
+	}
+	if !s.isObject {
+		return object{}, nil, errNotObject
+	}
+	for i := range s.obj.members { // their keys in body's array, not an earlier prefix's
+		m := &s.obj.members[i]
+		m.key = body[m.start+1 : m.start+1+len(m.key)]
+	}
+	return s.obj, bs.sums, nil
+}
