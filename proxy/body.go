@@ -76,9 +76,10 @@ type bodyReader struct {
 }
 
 // read reads the request body into a pooled buffer. The buffer grows with the bytes
-// that arrive, never to what the client announced. release gives the buffer and the
-// budget back; ok false: the client was answered.
-func (br *bodyReader) read(w http.ResponseWriter, r *http.Request) (body []byte, release func(), ok bool) {
+// that arrive, never to what the client announced; arrived, when set, is handed the
+// body read so far after each read. release gives the buffer and the budget back; ok
+// false: the client was answered.
+func (br *bodyReader) read(w http.ResponseWriter, r *http.Request, arrived func([]byte)) (body []byte, release func(), ok bool) {
 	limit := br.maxBytes
 	if r.ContentLength > limit {
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body of %d bytes is over --max-body-bytes (%d)", r.ContentLength, limit))
@@ -93,7 +94,7 @@ func (br *bodyReader) read(w http.ResponseWriter, r *http.Request) (body []byte,
 		return nil, nil, false
 	}
 	bufp := br.bufs.get()
-	body, err := readGrowing((*bufp)[:0], r.Body, limit+1, r.ContentLength)
+	body, err := readGrowing((*bufp)[:0], r.Body, limit+1, r.ContentLength, arrived)
 	*bufp = body
 	n := int64(len(body))
 	if n < reserved {
@@ -137,7 +138,7 @@ func (br *bodyReader) overBudget(w http.ResponseWriter, r *http.Request, reserve
 // arrive, never past what the client announced (announced < 0: unknown), so a body of
 // a known length ends in a buffer of exactly that length: the pooled buffers, and so
 // confshim's memory, do not depend on how the bytes happened to arrive.
-func readGrowing(buf []byte, r io.Reader, limit, announced int64) ([]byte, error) {
+func readGrowing(buf []byte, r io.Reader, limit, announced int64, arrived func([]byte)) ([]byte, error) {
 	for {
 		if len(buf) == cap(buf) && announced >= 0 && int64(len(buf)) >= announced {
 			// all that was announced has arrived: look for the end without growing
@@ -158,6 +159,9 @@ func readGrowing(buf []byte, r io.Reader, limit, announced int64) ([]byte, error
 		}
 		n, err := r.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
+		if n > 0 && arrived != nil && int64(len(buf)) <= limit-1 {
+			arrived(buf)
+		}
 		if err == io.EOF {
 			return buf, nil
 		}

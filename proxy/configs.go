@@ -81,13 +81,23 @@ func (s *syncer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !pr.authorize() {
 		return
 	}
-	body, release, ok := s.bodies.read(cw, r)
+	var arrived func([]byte)
+	var a *arrival
+	if scansArriving(r) {
+		a = startArrival(s.rw)
+		arrived = a.offer
+	}
+	body, release, ok := s.bodies.read(cw, r, arrived)
+	var scan *rewrite.BodyScan
+	if a != nil {
+		scan = a.end() // before the buffer can be given back
+	}
 	if !ok {
 		return
 	}
 	pr.sc.lent.releases = append(pr.sc.lent.releases, release)
 	defer pr.sc.lent.giveAllBack()
-	if !pr.receive(body) || !pr.lock() {
+	if !pr.receive(body, scan) || !pr.lock() {
 		return
 	}
 	if a := pr.underLock(); a != nil {
@@ -114,15 +124,16 @@ func (pr *putRequest) authorize() bool {
 	return true
 }
 
-// receive scans the body before the lock, so that concurrent clients do it in parallel.
-func (pr *putRequest) receive(body []byte) bool {
+// receive scans the body before the lock, so that concurrent clients do it in parallel
+// (scan: what was scanned while it arrived, nil for none).
+func (pr *putRequest) receive(body []byte, scan *rewrite.BodyScan) bool {
 	r := pr.sc.r
 	rcv := received{in: rewrite.Input{Body: body}}
 	if v := r.Header.Values("X-Digest"); len(v) > 0 {
 		rcv.in.Digest, rcv.in.HasDigest = v[0], true
 	}
 	start := time.Now()
-	prepared, untouched, err := pr.s.prepare(r, body)
+	prepared, untouched, err := pr.s.prepare(r, body, scan)
 	rcv.scanned = time.Since(start)
 	var refuse *rewrite.RefuseError
 	if errors.As(err, &refuse) {
@@ -137,7 +148,7 @@ func (pr *putRequest) receive(body []byte) bool {
 
 // prepare scans the body without any state: it returns the prepared body, or the
 // reason to forward it untouched, or a *rewrite.RefuseError.
-func (s *syncer) prepare(r *http.Request, body []byte) (*rewrite.Prepared, metrics.UntouchedReason, error) {
+func (s *syncer) prepare(r *http.Request, body []byte, scan *rewrite.BodyScan) (*rewrite.Prepared, metrics.UntouchedReason, error) {
 	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
 		// APISIX does not decode request bodies either; decoding here would change what
 		// it decides. Forwarded untouched, header and body still match.
@@ -146,9 +157,15 @@ func (s *syncer) prepare(r *http.Request, body []byte) (*rewrite.Prepared, metri
 	}
 	var prepared *rewrite.Prepared
 	var err error
-	if isYAML(r) {
+	switch {
+	case isYAML(r):
 		prepared, err = s.rw.PrepareYAML(body)
-	} else if prepared, err = s.rw.PrepareLike(body, s.layout.Load()); err == nil {
+	case scan != nil:
+		prepared, err = s.rw.PrepareArrived(body, scan, s.layout.Load())
+	default:
+		prepared, err = s.rw.PrepareLike(body, s.layout.Load())
+	}
+	if err == nil && prepared.Layout() != nil {
 		s.layout.Store(prepared.Layout()) // the next sync is most likely this one again
 	}
 	var skip *rewrite.SkipError
@@ -157,6 +174,13 @@ func (s *syncer) prepare(r *http.Request, body []byte) (*rewrite.Prepared, metri
 		return nil, metrics.UntouchedInvalid, nil
 	}
 	return prepared, "", err
+}
+
+// scansArriving: the body is scanned as it arrives — JSON that goes to APISIX as sent
+// (YAML is scanned whole: lyaml's reading of a document depends on what follows).
+func scansArriving(r *http.Request) bool {
+	enc := r.Header.Get("Content-Encoding")
+	return !isYAML(r) && (enc == "" || strings.EqualFold(enc, "identity"))
 }
 
 func isYAML(r *http.Request) bool {

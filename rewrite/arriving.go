@@ -108,6 +108,14 @@ func (bs *BodyScan) hashDone(prefix []byte) {
 	}
 }
 
+// left is how much of a body of size bytes the scan has not done.
+func (bs *BodyScan) left(size int) int {
+	if !bs.started {
+		return size
+	}
+	return size - bs.at.i
+}
+
 // finish scans the rest of body strictly and returns its top-level object as
 // scanObject would, with the members' sums (nil when Finish must compute them).
 func (bs *BodyScan) finish(body []byte) (object, []uint64, error) {

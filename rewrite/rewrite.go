@@ -45,12 +45,16 @@ func (rw *Rewriter) Prepare(body []byte) (*Prepared, error) {
 }
 
 // PrepareArrived is PrepareLike for a body scanned while it arrived (NewBodyScan; no
-// Feed may run any more): a body of prev's shape is checked against it, any other
-// finishes the scan.
+// Feed may run any more): the scan is finished when little of the body is left to
+// scan, or the body is not of prev's shape; otherwise (the bytes came faster than the
+// scan) it is checked against prev.
 func (rw *Rewriter) PrepareArrived(body []byte, bs *BodyScan, prev *Layout) (*Prepared, error) {
 	full := func() (*Prepared, error) {
 		obj, sums, err := bs.finish(body)
 		return rw.preparedJSON(body, obj, sums, err)
+	}
+	if bs.left(len(body)) < len(body)/4 {
+		return full() // scanning the rest costs less than checking the whole body against prev
 	}
 	return rw.prepareLike(body, prev, full)
 }
