@@ -7,6 +7,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -26,6 +27,7 @@ import (
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
 	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 	"github.com/confshim/confshim/internal/testsupport/emulator"
+	"github.com/confshim/confshim/internal/testsupport/fixture"
 	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
@@ -333,5 +335,34 @@ func TestBinaryFlushesStateFileOnSIGTERM(t *testing.T) {
 	}
 	if !strings.Contains(string(data), `"/v4"`) {
 		t.Fatalf("the state file does not hold the last accepted sync:\n%.400s", data)
+	}
+}
+
+// TestA40kSyncPeaksBelowThreeBodies is issue 38's memory bound: a sync of the 40k-route
+// fixture (≈ 45 MB), scanned as it arrives, raises the binary's peak RSS by at most 3×
+// its body — the body read, the body forwarded, and the scan beside them.
+func TestA40kSyncPeaksBelowThreeBodies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs the binary")
+	}
+	body := fixture.Stale(40000).Request
+	srv := apisixtest.Start(t, apisixtest.Options{Emulator: emulator.Options{AdminKey: adminKey}})
+	b := startBinary(t, srv.URL, "--max-body-bytes", strconv.Itoa(len(body)+1<<20))
+	before := b.peakRSS(t)
+	req, _ := http.NewRequest(http.MethodPut, b.url+"/apisix/admin/configs", bytes.NewReader(body))
+	req.Header.Set("X-API-KEY", adminKey)
+	req.Header.Set("X-Digest", "forty")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("%d", resp.StatusCode)
+	}
+	ratio := float64(b.peakRSS(t)-before) / float64(len(body))
+	t.Logf("40k body %.1f MB: peak RSS grew %.2fx the body", float64(len(body))/1e6, ratio)
+	if ratio > 3 {
+		t.Fatalf("peak RSS grew %.2fx the body, want <= 3x", ratio)
 	}
 }
