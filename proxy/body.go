@@ -142,15 +142,11 @@ func readGrowing(buf []byte, r io.Reader, limit, announced int64, arrived func([
 	for {
 		if len(buf) == cap(buf) && announced >= 0 && int64(len(buf)) >= announced {
 			// all that was announced has arrived: look for the end without growing
-			var one [1]byte
-			n, err := r.Read(one[:])
-			if n == 0 && err == io.EOF {
-				return buf, nil
-			}
-			if err != nil && err != io.EOF {
+			more, err := readPastEnd(r)
+			if more == nil || err != nil {
 				return buf, err
 			}
-			buf = append(buf, one[:n]...)
+			buf = append(buf, more...)
 			announced = -1 // longer than announced: grow as for an unknown length
 			continue
 		}
@@ -172,6 +168,19 @@ func readGrowing(buf []byte, r io.Reader, limit, announced int64, arrived func([
 			return buf, nil
 		}
 	}
+}
+
+// readPastEnd reads one byte after the announced length: nil at the body's end.
+func readPastEnd(r io.Reader) ([]byte, error) {
+	var one [1]byte
+	n, err := r.Read(one[:])
+	switch {
+	case n == 0 && err == io.EOF:
+		return nil, nil
+	case err != nil && err != io.EOF:
+		return nil, err
+	}
+	return one[:n], nil
 }
 
 // grow doubles a full buffer, never past what was announced nor past limit.

@@ -227,32 +227,32 @@ func unescape(dst, s []byte) []byte {
 			continue
 		}
 		i++
-		switch s[i] {
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r := hex4(s[i+1 : i+5])
-			i += 4
-			if r >= 0xd800 && r < 0xdc00 && i+6 < len(s) && s[i+1] == '\\' && s[i+2] == 'u' {
-				if lo := hex4(s[i+3 : i+7]); lo >= 0xdc00 && lo < 0xe000 {
-					r = 0x10000 + (r-0xd800)<<10 + (lo - 0xdc00)
-					i += 6
-				}
-			}
+		if s[i] == 'u' {
+			var r rune
+			r, i = unicodeEscape(s, i)
 			dst = utf8.AppendRune(dst, r)
-		default: // '"', '\\', '/'
-			dst = append(dst, s[i])
+			continue
 		}
+		dst = append(dst, escaped[s[i]])
 	}
 	return dst
+}
+
+// escaped is the byte each one-letter escape stands for ('"', '\\' and '/' themselves).
+var escaped = [256]byte{'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t', '"': '"', '\\': '\\', '/': '/'}
+
+// unicodeEscape reads the \uXXXX whose 'u' is at s[i] (a surrogate pair as one rune)
+// and returns the rune and the offset of its last byte.
+func unicodeEscape(s []byte, i int) (rune, int) {
+	r := hex4(s[i+1 : i+5])
+	i += 4
+	if r >= 0xd800 && r < 0xdc00 && i+6 < len(s) && s[i+1] == '\\' && s[i+2] == 'u' {
+		if lo := hex4(s[i+3 : i+7]); lo >= 0xdc00 && lo < 0xe000 {
+			r = 0x10000 + (r-0xd800)<<10 + (lo - 0xdc00)
+			i += 6
+		}
+	}
+	return r, i
 }
 
 func hex4(h []byte) rune {

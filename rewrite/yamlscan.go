@@ -112,7 +112,17 @@ func scanYAML(body []byte) (object, error) {
 	if bytes.HasPrefix(body, []byte("\xef\xbb\xbf")) {
 		i = 3
 	}
-	// The preamble: blank lines, comments, one ---, then the first content line.
+	ls, ind, c, err := s.preamble(i)
+	if err != nil {
+		return object{}, err
+	}
+	return s.document(ls, ind, c)
+}
+
+// preamble reads blank lines, comments and one --- from i, up to the first content
+// line: where it starts, its indentation and its first character.
+func (s *yscan) preamble(i int) (ls, ind, c int, err error) {
+	body := s.b
 	sawStart := false
 	for ; i < len(body); i = nextLine(body, i) {
 		ind, c := s.indentAt(i)
@@ -120,49 +130,57 @@ func scanYAML(body []byte) (object, error) {
 		case c < 0 || body[c] == '#':
 			continue
 		case ind == 0 && body[i] == '%':
-			return object{}, yamlRefuse("directives (%%YAML, %%TAG) are not supported")
+			return 0, 0, 0, yamlRefuse("directives (%%YAML, %%TAG) are not supported")
 		case ind == 0 && isDocMarker(body, i, '-'):
 			if sawStart {
-				return object{}, ErrNotObject // an empty first document is {} to APISIX
+				return 0, 0, 0, ErrNotObject // an empty first document is {} to APISIX
 			}
 			sawStart = true
 			if rest := skipBlank(body, i+3); rest < len(body) && body[rest] != '\n' && body[rest] != '#' {
-				return object{}, yamlRefuse("content on the --- line")
+				return 0, 0, 0, yamlRefuse("content on the --- line")
 			}
 			continue
 		case ind == 0 && isDocMarker(body, i, '.'):
-			return object{}, ErrNotObject
+			return 0, 0, 0, ErrNotObject
 		}
-		return s.document(i, ind, c)
+		return i, ind, c, nil
 	}
-	return object{}, ErrNotObject // an empty document: {} to APISIX, which empties every section
+	return 0, 0, 0, ErrNotObject // an empty document: {} to APISIX, which empties every section
+}
+
+// notABlockMapping says why a first document whose first character is b[c] is not a
+// block mapping confshim reads (nil: it may be one).
+func notABlockMapping(b []byte, c int) error {
+	switch b[c] {
+	case '[', '|', '>':
+		return ErrNotObject
+	case '-':
+		if c+1 >= len(b) || isBlankByte(b[c+1]) {
+			return ErrNotObject
+		}
+	case '&', '!', '*':
+		return yamlRefuse("anchors, tags or aliases on the document are not supported")
+	case '?':
+		return yamlRefuse("complex keys are not supported")
+	case '\t':
+		return yamlRefuse("a tab where indentation is expected")
+	}
+	return nil
 }
 
 // document reads the first document, whose first content line starts at ls.
 func (s *yscan) document(ls, ind, c int) (object, error) {
 	b := s.b
-	switch b[c] {
-	case '{':
+	if b[c] == '{' {
 		// Flow style: only JSON is read (its structure is the same in YAML).
 		obj, err := scanObject(b, make([]member, 0, 32))
 		if err != nil {
 			return object{}, yamlRefuse("a flow-style mapping that is not plain JSON cannot be repaired; send JSON or block-style YAML")
 		}
 		return obj, nil
-	case '[':
-		return object{}, ErrNotObject
-	case '-':
-		if c+1 >= len(b) || isBlankByte(b[c+1]) {
-			return object{}, ErrNotObject
-		}
-	case '&', '!', '*':
-		return object{}, yamlRefuse("anchors, tags or aliases on the document are not supported")
-	case '?':
-		return object{}, yamlRefuse("complex keys are not supported")
-	case '|', '>':
-		return object{}, ErrNotObject
-	case '\t':
-		return object{}, yamlRefuse("a tab where indentation is expected")
+	}
+	if err := notABlockMapping(b, c); err != nil {
+		return object{}, err
 	}
 	if ind != 0 {
 		return object{}, yamlRefuse("the top-level mapping must start at column 0")
@@ -215,45 +233,15 @@ func (s *yscan) line(ls int) (next int, end bool, err error) {
 	s.ls = ls
 	le := lineEnd(b, ls)
 	next = nextLine(b, ls)
-	i := ls
 	if s.quote != 0 {
-		if isDocMarker(b, ls, '-') || isDocMarker(b, ls, '.') {
-			return 0, false, yamlRefuse("a document marker inside a quoted scalar")
-		}
-		var closed bool
-		if i, closed = s.quoted(i, le, s.quote); !closed {
-			return next, false, nil
-		}
-		s.quote = 0
-		return next, false, s.tokens(i, le, false)
+		return next, false, s.quotedLine(ls, le)
 	}
 	ind, c := s.indentAt(ls)
-	if s.inBlock {
-		if c < 0 {
-			return next, false, nil // blank lines belong to the block scalar
-		}
-		if s.blockInd == 0 {
-			s.blockInd = max(ind, s.blockAbove+1)
-		}
-		if ind >= s.blockInd {
-			return next, false, nil
-		}
-		s.inBlock = false
-	}
-	if c < 0 {
-		return next, false, nil
+	if s.inBlockScalar(ind, c) || c < 0 {
+		return next, false, nil // blank, or a block scalar's
 	}
 	if s.flow > 0 {
-		if ind == 0 && (isDocMarker(b, ls, '-') || isDocMarker(b, ls, '.')) {
-			return 0, false, yamlRefuse("a document marker inside a flow collection")
-		}
-		if s.flowPlain {
-			s.flowPlain = false
-			if !strings.ContainsRune(",[]{}#", rune(b[c])) && !(b[c] == ':' && (c+1 >= le || isBlankByte(b[c+1]) || strings.ContainsRune(",[]{}", rune(b[c+1])))) {
-				return next, false, s.plainFlowFrom(c, le)
-			}
-		}
-		return next, false, s.tokens(c, le, true)
+		return next, false, s.flowLine(ls, le, ind, c)
 	}
 	if b[c] == '#' {
 		s.inPlain = false
@@ -262,15 +250,69 @@ func (s *yscan) line(ls int) (next int, end bool, err error) {
 	if ind == 0 && (isDocMarker(b, ls, '-') || isDocMarker(b, ls, '.')) {
 		return 0, true, nil
 	}
+	return next, false, s.blockLine(ls, le, ind, c)
+}
+
+// quotedLine goes on with a quoted scalar that an earlier line opened.
+func (s *yscan) quotedLine(ls, le int) error {
+	if isDocMarker(s.b, ls, '-') || isDocMarker(s.b, ls, '.') {
+		return yamlRefuse("a document marker inside a quoted scalar")
+	}
+	i, closed := s.quoted(ls, le, s.quote)
+	if !closed {
+		return nil
+	}
+	s.quote = 0
+	return s.tokens(i, le, false)
+}
+
+// inBlockScalar: the line (indented ind, its first character at c, < 0 for none)
+// belongs to the block scalar an earlier line opened; a line less indented ends it.
+func (s *yscan) inBlockScalar(ind, c int) bool {
+	if !s.inBlock {
+		return false
+	}
+	if c < 0 {
+		return true // blank lines belong to the block scalar
+	}
+	if s.blockInd == 0 {
+		s.blockInd = max(ind, s.blockAbove+1)
+	}
+	if ind >= s.blockInd {
+		return true
+	}
+	s.inBlock = false
+	return false
+}
+
+// flowLine goes on with a flow collection that an earlier line opened.
+func (s *yscan) flowLine(ls, le, ind, c int) error {
+	b := s.b
+	if ind == 0 && (isDocMarker(b, ls, '-') || isDocMarker(b, ls, '.')) {
+		return yamlRefuse("a document marker inside a flow collection")
+	}
+	if s.flowPlain {
+		s.flowPlain = false
+		if !strings.ContainsRune(",[]{}#", rune(b[c])) && !(b[c] == ':' && (c+1 >= le || isBlankByte(b[c+1]) || strings.ContainsRune(",[]{}", rune(b[c+1])))) {
+			return s.plainFlowFrom(c, le)
+		}
+	}
+	return s.tokens(c, le, true)
+}
+
+// blockLine is a line of the block context: a plain scalar's continuation, an
+// indented node, or a top-level key.
+func (s *yscan) blockLine(ls, le, ind, c int) error {
+	b := s.b
 	if b[c] == '\t' || (c > ls && bytes.IndexByte(b[ls:c], '\t') >= 0) {
-		return 0, false, yamlRefuse("a tab where indentation is expected")
+		return yamlRefuse("a tab where indentation is expected")
 	}
 	if s.inPlain {
 		if ind >= s.plainMin {
 			if s.versionCut >= 0 {
 				s.obj.members[s.versionCut].valueStart = -1 // a multi-line version
 			}
-			return next, false, s.plainRest(c, le)
+			return s.plainRest(c, le)
 		}
 		s.inPlain = false
 	}
@@ -279,9 +321,9 @@ func (s *yscan) line(ls int) (next int, end bool, err error) {
 		s.indents = s.indents[:len(s.indents)-1]
 	}
 	if ind > 0 || (b[c] == '-' && (c+1 >= le || isBlankByte(b[c+1]))) {
-		return next, false, s.tokens(c, le, true)
+		return s.tokens(c, le, true)
 	}
-	return next, false, s.topKey(ls, le)
+	return s.topKey(ls, le)
 }
 
 // topKey reads a top-level "key: value" line.
@@ -395,88 +437,121 @@ func (s *yscan) tokens(i, le int, node bool) error {
 		if c == '#' && (i == 0 || isBlankByte(b[i-1]) || b[i-1] == '\n') {
 			return nil
 		}
-		if s.flow > 0 {
-			switch {
-			case c == '[' || c == '{':
-				s.flow++
-				i, node = i+1, true
-				continue
-			case c == ']' || c == '}':
-				s.flow--
-				i, node = i+1, false
-				continue
-			case c == ',':
-				i, node = i+1, true
-				continue
-			case c == ':' && (i+1 >= le || isBlankByte(b[i+1]) || strings.IndexByte(",[]{}", b[i+1]) >= 0):
-				i, node = i+1, true
-				continue
-			case c == '?' && (i+1 >= le || isBlankByte(b[i+1])):
-				i, node = i+1, true
-				continue
-			}
-		} else {
-			switch {
-			case node && (c == '[' || c == '{'):
-				s.flow++
-				i, node = i+1, true
-				continue
-			case (c == '-' || c == '?') && (i+1 >= le || isBlankByte(b[i+1])):
-				s.roll(s.column(i))
-				i, node = i+1, true
-				continue
-			case c == ':' && (i+1 >= le || isBlankByte(b[i+1])):
-				i, node = i+1, true
-				continue
-			case node && (c == '|' || c == '>'):
-				return s.blockScalar(i, le)
-			}
+		st, ok, err := s.indicator(i, le, c, node)
+		if !ok {
+			st, err = s.token(i, le, c, node)
 		}
-		switch {
-		case c == '"' || c == '\'':
-			col := s.column(i)
-			end, closed := s.quoted(i+1, le, c)
-			if !closed {
-				s.quote = c
-				return nil
-			}
-			i = end
-			if s.flow == 0 {
-				if j := skipBlank(b, i); j < le && b[j] == ':' && (j+1 >= le || isBlankByte(b[j+1])) {
-					s.roll(col)
-				}
-			}
-			node = false
-		case c == '&' || c == '*' || c == '!':
-			end := i + 1
-			for end < le && !isBlankByte(b[end]) && (s.flow == 0 || strings.IndexByte(",[]{}", b[end]) < 0) {
-				end++
-			}
-			ref := yamlRef{name: string(b[i+1 : end]), member: s.member}
-			switch c {
-			case '&':
-				s.doc.anchors = append(s.doc.anchors, ref)
-			case '*':
-				s.doc.aliases = append(s.doc.aliases, ref)
-				node = false
-			}
-			i = end
-		case s.flow > 0:
-			return s.plainFlowFrom(i, le)
-		default:
-			// a block plain scalar: a key when ": " follows on this line
-			col := s.column(i)
-			end := plainEnd(b, i, le)
-			if end < le && b[end] == ':' {
-				s.roll(col)
-				i, node = end+1, true
-				continue
-			}
-			s.inPlain, s.plainMin = true, s.indents[len(s.indents)-1]+1
-			i = end
-			node = false
+		if err != nil || st.done {
+			return err
+		}
+		i, node = st.i, st.node
+	}
+}
+
+// step is what one token of a line did: where the line goes on, whether a node may
+// start there, or that the line is done.
+type step struct {
+	i    int
+	node bool
+	done bool
+}
+
+// indicator reads the indicator at i, if one is there (ok): a flow collection's
+// brackets, commas and key marks, or a block sequence, key, value or block scalar.
+func (s *yscan) indicator(i, le int, c byte, node bool) (step, bool, error) {
+	blankAfter := i+1 >= le || isBlankByte(s.b[i+1])
+	if s.flow > 0 {
+		return s.flowIndicator(i, c, blankAfter)
+	}
+	switch {
+	case node && (c == '[' || c == '{'):
+		s.flow++
+		return step{i: i + 1, node: true}, true, nil
+	case (c == '-' || c == '?') && blankAfter:
+		s.roll(s.column(i))
+		return step{i: i + 1, node: true}, true, nil
+	case c == ':' && blankAfter:
+		return step{i: i + 1, node: true}, true, nil
+	case node && (c == '|' || c == '>'):
+		return step{done: true}, true, s.blockScalar(i, le)
+	}
+	return step{}, false, nil
+}
+
+// flowIndicator is indicator inside a flow collection.
+func (s *yscan) flowIndicator(i int, c byte, blankAfter bool) (step, bool, error) {
+	switch {
+	case c == '[' || c == '{':
+		s.flow++
+		return step{i: i + 1, node: true}, true, nil
+	case c == ']' || c == '}':
+		s.flow--
+		return step{i: i + 1}, true, nil
+	case c == ',',
+		c == ':' && (blankAfter || strings.IndexByte(",[]{}", s.b[i+1]) >= 0),
+		c == '?' && blankAfter:
+		return step{i: i + 1, node: true}, true, nil
+	}
+	return step{}, false, nil
+}
+
+// token reads the scalar or node property at i: a quoted scalar, an anchor, alias or
+// tag, a flow plain scalar, or a block plain scalar (a key when ':' follows it).
+func (s *yscan) token(i, le int, c byte, node bool) (step, error) {
+	b := s.b
+	switch {
+	case c == '"' || c == '\'':
+		return s.quotedToken(i, le, c), nil
+	case c == '&' || c == '*' || c == '!':
+		return s.property(i, le, c, node), nil
+	case s.flow > 0:
+		return step{done: true}, s.plainFlowFrom(i, le)
+	}
+	// a block plain scalar: a key when ": " follows on this line
+	col := s.column(i)
+	end := plainEnd(b, i, le)
+	if end < le && b[end] == ':' {
+		s.roll(col)
+		return step{i: end + 1, node: true}, nil
+	}
+	s.inPlain, s.plainMin = true, s.indents[len(s.indents)-1]+1
+	return step{i: end}, nil
+}
+
+// quotedToken reads a quoted scalar at i, a block key when ": " follows it; one that
+// goes on to the next line ends this one.
+func (s *yscan) quotedToken(i, le int, c byte) step {
+	b := s.b
+	col := s.column(i)
+	end, closed := s.quoted(i+1, le, c)
+	if !closed {
+		s.quote = c
+		return step{done: true}
+	}
+	if s.flow == 0 {
+		if j := skipBlank(b, end); j < le && b[j] == ':' && (j+1 >= le || isBlankByte(b[j+1])) {
+			s.roll(col)
 		}
 	}
+	return step{i: end}
+}
+
+// property reads an anchor (&), alias (*) or tag (!) at i; an alias is a whole node.
+func (s *yscan) property(i, le int, c byte, node bool) step {
+	b := s.b
+	end := i + 1
+	for end < le && !isBlankByte(b[end]) && (s.flow == 0 || strings.IndexByte(",[]{}", b[end]) < 0) {
+		end++
+	}
+	ref := yamlRef{name: string(b[i+1 : end]), member: s.member}
+	switch c {
+	case '&':
+		s.doc.anchors = append(s.doc.anchors, ref)
+	case '*':
+		s.doc.aliases = append(s.doc.aliases, ref)
+		node = false
+	}
+	return step{i: end, node: node}
 }
 
 // roll opens a block collection at col, as libyaml's roll_indent does.
@@ -702,67 +777,111 @@ var (
 // bool, inf, nan, hexadecimal, binary, sexagesimal, sexfloat; anything else is a
 // string. Only numbers and booleans matter for a version.
 func lyamlScalar(t string) (float64, string) {
-	switch t {
-	case "", "~", "null", "Null", "NULL":
-		return 0, "null"
-	}
-	neg := func(sign string, v float64) float64 {
-		if sign == "-" {
-			return -v
+	for _, resolve := range lyamlResolvers {
+		if v, kind, ok := resolve(t); ok {
+			return v, kind
 		}
-		return v
-	}
-	if m := reOctal.FindStringSubmatch(t); m != nil {
-		n, err := strconv.ParseUint(strings.ReplaceAll(m[2], "_", ""), 8, 64)
-		if err == nil {
-			return neg(m[1], float64(n)), "number"
-		}
-	}
-	if m := reDecimal.FindStringSubmatch(t); m != nil {
-		digits := strings.ReplaceAll(m[2], "_", "")
-		if digits == "0" || len(digits) > 1 || digits[0] != '0' {
-			f, _ := strconv.ParseFloat(digits, 64)
-			return neg(m[1], f), "number"
-		}
-	}
-	if f := strings.ReplaceAll(t, "_", ""); strings.ContainsAny(t, ".eE") && reFloat.MatchString(f) {
-		v, err := strconv.ParseFloat(f, 64)
-		if err == nil || errors.Is(err, strconv.ErrRange) {
-			return v, "number"
-		}
-	}
-	switch t {
-	case "true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON":
-		return 0, "true"
-	case "false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF":
-		return 0, "false"
-	case ".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF":
-		return math.Inf(1), "number"
-	case "-.inf", "-.Inf", "-.INF":
-		return math.Inf(-1), "number"
-	case ".nan", ".NaN", ".NAN":
-		return math.NaN(), "number"
-	}
-	if m := reHex.FindStringSubmatch(t); m != nil {
-		n, err := strconv.ParseUint(strings.ReplaceAll(m[2], "_", ""), 16, 64)
-		if err == nil {
-			return neg(m[1], float64(n)), "number"
-		}
-	}
-	if m := reBinary.FindStringSubmatch(t); m != nil {
-		n, err := strconv.ParseUint(strings.ReplaceAll(m[2], "_", ""), 2, 64)
-		if err == nil {
-			return neg(m[1], float64(n)), "number"
-		}
-	}
-	if m := reSexfloat.FindStringSubmatch(t); m != nil {
-		frac, _ := strconv.ParseFloat(m[3], 64)
-		return neg(m[1], sexagesimal(m[2])+frac), "number"
-	}
-	if m := reSexagint.FindStringSubmatch(t); m != nil {
-		return neg(m[1], sexagesimal(m[2])), "number"
 	}
 	return 0, "string"
+}
+
+// lyamlResolvers are lyaml's implicit resolvers, in its order; each says whether the
+// scalar is its kind.
+var lyamlResolvers = []func(t string) (float64, string, bool){
+	lyamlNull,
+	lyamlRadix(reOctal, 8),
+	lyamlDecimal,
+	lyamlFloat,
+	lyamlConstant,
+	lyamlRadix(reHex, 16),
+	lyamlRadix(reBinary, 2),
+	lyamlSexfloat,
+	lyamlSexagint,
+}
+
+func signed(sign string, v float64) float64 {
+	if sign == "-" {
+		return -v
+	}
+	return v
+}
+
+// lyamlNull is null.
+func lyamlNull(t string) (float64, string, bool) {
+	switch t {
+	case "", "~", "null", "Null", "NULL":
+		return 0, "null", true
+	}
+	return 0, "", false
+}
+
+// lyamlRadix is an integer in base (octal, hexadecimal, binary), sign and digits
+// captured by re.
+func lyamlRadix(re *regexp.Regexp, base int) func(string) (float64, string, bool) {
+	return func(t string) (float64, string, bool) {
+		m := re.FindStringSubmatch(t)
+		if m == nil {
+			return 0, "", false
+		}
+		n, err := strconv.ParseUint(strings.ReplaceAll(m[2], "_", ""), base, 64)
+		return signed(m[1], float64(n)), "number", err == nil
+	}
+}
+
+func lyamlDecimal(t string) (float64, string, bool) {
+	m := reDecimal.FindStringSubmatch(t)
+	if m == nil {
+		return 0, "", false
+	}
+	digits := strings.ReplaceAll(m[2], "_", "")
+	if digits == "0" || len(digits) > 1 || digits[0] != '0' {
+		f, _ := strconv.ParseFloat(digits, 64)
+		return signed(m[1], f), "number", true
+	}
+	return 0, "", false
+}
+
+func lyamlFloat(t string) (float64, string, bool) {
+	f := strings.ReplaceAll(t, "_", "")
+	if !strings.ContainsAny(t, ".eE") || !reFloat.MatchString(f) {
+		return 0, "", false
+	}
+	v, err := strconv.ParseFloat(f, 64)
+	return v, "number", err == nil || errors.Is(err, strconv.ErrRange)
+}
+
+// lyamlConstant is a boolean, an infinity or not-a-number.
+func lyamlConstant(t string) (float64, string, bool) {
+	switch t {
+	case "true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON":
+		return 0, "true", true
+	case "false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF":
+		return 0, "false", true
+	case ".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF":
+		return math.Inf(1), "number", true
+	case "-.inf", "-.Inf", "-.INF":
+		return math.Inf(-1), "number", true
+	case ".nan", ".NaN", ".NAN":
+		return math.NaN(), "number", true
+	}
+	return 0, "", false
+}
+
+func lyamlSexfloat(t string) (float64, string, bool) {
+	m := reSexfloat.FindStringSubmatch(t)
+	if m == nil {
+		return 0, "", false
+	}
+	frac, _ := strconv.ParseFloat(m[3], 64)
+	return signed(m[1], sexagesimal(m[2])+frac), "number", true
+}
+
+func lyamlSexagint(t string) (float64, string, bool) {
+	m := reSexagint.FindStringSubmatch(t)
+	if m == nil {
+		return 0, "", false
+	}
+	return signed(m[1], sexagesimal(m[2])), "number", true
 }
 
 func sexagesimal(s string) float64 {
