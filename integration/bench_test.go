@@ -57,13 +57,19 @@ type endpoint struct {
 // endpoints starts the data plane, a plain httputil.ReverseProxy and confshim.
 func endpoints(tb testing.TB, state []byte) (direct, bare, confshim endpoint) {
 	tb.Helper()
-	dp := httptest.NewServer(&steadyDataPlane{state: state})
+	return endpointsFor(tb, &steadyDataPlane{state: state})
+}
+
+// endpointsFor is endpoints in front of the data plane dataPlane.
+func endpointsFor(tb testing.TB, dataPlane http.Handler) (direct, bare, confshim endpoint) {
+	tb.Helper()
+	dp := httptest.NewServer(dataPlane)
 	tb.Cleanup(dp.Close)
 	u, _ := url.Parse(dp.URL)
 	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }}
 	bareSrv := httptest.NewServer(rp)
 	tb.Cleanup(bareSrv.Close)
-	p, err := proxy.New(proxy.Config{Upstream: dp.URL, Preserve: rewrite.DefaultPreserve, MaxBodyBytes: 64 << 20,
+	p, err := proxy.New(proxy.Config{Upstream: dp.URL, Preserve: rewrite.DefaultPreserve, MaxBodyBytes: 128 << 20,
 		UpstreamTimeout: time.Minute, ReseedInterval: time.Second, Logger: zerolog.Nop(), Metrics: metrics.New(prometheus.NewRegistry(), "bench")})
 	if err != nil {
 		tb.Fatal(err)

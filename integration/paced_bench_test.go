@@ -5,22 +5,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 	"github.com/valyala/fastjson"
 
 	"github.com/confshim/confshim/internal/testsupport/fixture"
-	"github.com/confshim/confshim/metrics"
-	"github.com/confshim/confshim/proxy"
-	"github.com/confshim/confshim/rewrite"
 )
 
 // firstByteDataPlane is steadyDataPlane that notes when the first byte of each PUT's
@@ -96,7 +88,8 @@ func BenchmarkPacedSync(b *testing.B) {
 		stale := fixture.Stale(routes)
 		shifted := append([]byte("{ "), stale.Request[1:]...)
 		dp := &firstByteDataPlane{steadyDataPlane: steadyDataPlane{state: stale.State}}
-		bare, cs := pacedEndpoints(b, dp)
+		_, bareEP, csEP := endpointsFor(b, dp)
+		bare, cs := bareEP.url, csEP.url
 		for _, rate := range []float64{125e6, 12.5e6} {
 			for _, tc := range []struct {
 				name   string
@@ -112,23 +105,6 @@ func BenchmarkPacedSync(b *testing.B) {
 			}
 		}
 	}
-}
-
-func pacedEndpoints(tb testing.TB, dp http.Handler) (bare, confshim string) {
-	tb.Helper()
-	dpSrv := httptest.NewServer(dp)
-	tb.Cleanup(dpSrv.Close)
-	u, _ := url.Parse(dpSrv.URL)
-	bareSrv := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }})
-	tb.Cleanup(bareSrv.Close)
-	p, err := proxy.New(proxy.Config{Upstream: dpSrv.URL, Preserve: rewrite.DefaultPreserve, MaxBodyBytes: 128 << 20,
-		UpstreamTimeout: time.Minute, ReseedInterval: time.Second, Logger: zerolog.Nop(), Metrics: metrics.New(prometheus.NewRegistry(), "paced")})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	csSrv := httptest.NewServer(p)
-	tb.Cleanup(csSrv.Close)
-	return bareSrv.URL, csSrv.URL
 }
 
 func pacedRun(b *testing.B, target string, bodies [][]byte, rate float64, dp *firstByteDataPlane) {
