@@ -338,10 +338,10 @@ func TestBinaryFlushesStateFileOnSIGTERM(t *testing.T) {
 	}
 }
 
-// TestA40kSyncPeaksBelowThreeBodies is issue 38's memory bound: a sync of the 40k-route
+// TestMemoryOfA40kSyncStaysBelowThreeBodies is issue 38's memory bound: a sync of the 40k-route
 // fixture (≈ 45 MB), scanned as it arrives, raises the binary's peak RSS by at most 3×
 // its body — the body read, the body forwarded, and the scan beside them.
-func TestA40kSyncPeaksBelowThreeBodies(t *testing.T) {
+func TestMemoryOfA40kSyncStaysBelowThreeBodies(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs the binary")
 	}

@@ -427,7 +427,7 @@ func (pr *putRequest) answered(ans *apisix.Answer, d decided, prepared *rewrite.
 func (pr *putRequest) file() {
 	rec := pr.rec
 	rec.status, rec.errorMsg = pr.w.status, pr.w.head
-	if pr.appliedStatus != 0 && rec.status == http.StatusBadRequest {
+	if pr.appliedStatus != 0 { // the client was told of held items: APISIX applied the rest
 		rec.status = pr.appliedStatus // /debug/config shows what APISIX applied, as with accepted
 	}
 	if rec.by == "" {
