@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"bytes"
 	"errors"
 	"hash/maphash"
 	"sync/atomic"
@@ -26,6 +27,9 @@ type BodyScan struct {
 	retryAt int // the prefix length at which the scan is tried again
 	sums    []uint64
 	stop    atomic.Bool
+	// splitAbove: the rest left at Finish is split between two cores from this size
+	// (splitAbove; tests lower it)
+	splitAbove int
 }
 
 // resumePoint is the scanner's state at a value that starts at most two levels deep.
@@ -42,7 +46,7 @@ var errScanStopped = errors.New("the scan was stopped")
 
 // NewBodyScan starts the scan of a JSON body that is still arriving.
 func (rw *Rewriter) NewBodyScan() *BodyScan {
-	bs := &BodyScan{rw: rw}
+	bs := &BodyScan{rw: rw, splitAbove: splitAbove}
 	bs.s.obj.members = make([]member, 0, 32)
 	bs.s.stack = bs.stack[:0]
 	bs.s.partial = true
@@ -126,7 +130,7 @@ func (bs *BodyScan) finish(body []byte) (object, []uint64, error) {
 	s := &bs.s
 	s.b, s.partial, s.mark = body, false, nil
 	bs.restore()
-	if err := s.resume(); err != nil {
+	if err := bs.scanRest(body); err != nil {
 		return object{}, nil, err
 	}
 	if !s.isObject {
@@ -137,4 +141,76 @@ func (bs *BodyScan) finish(body []byte) (object, []uint64, error) {
 		m.key = body[m.start+1 : m.start+1+len(m.key)]
 	}
 	return s.obj, bs.sums, nil
+}
+
+// splitAbove is how much of a body must be left to scan at Finish for it to be split
+// between two cores.
+const splitAbove = 1 << 20
+
+// scanRest scans the rest of the body from the last mark. When much is left (the bytes
+// came faster than the scan, as over loopback), a second scanner takes the second half
+// on another core from a place that looks like the start of a section's next item
+// ("},{"): the first half's scan proves or refutes that guess when it gets there — at
+// exactly that offset, a value starting inside the top-level object's member array —
+// and without the proof the first scan simply goes on alone. Either way the result and
+// the error are those of one scan from the mark.
+func (bs *BodyScan) scanRest(body []byte) error {
+	s := &bs.s
+	split := bs.splitPoint(body)
+	if split < 0 || !s.isObject {
+		return s.resume()
+	}
+	second := &scanner{b: body, i: split, isObject: true, stack: make([]byte, 2, 64), obj: object{members: make([]member, 0, 8)}}
+	copy(second.stack, "{[")
+	var stop atomic.Bool
+	second.mark = func() error {
+		if stop.Load() {
+			return errScanStopped
+		}
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() { done <- second.resume() }()
+	reached := false
+	s.mark = func() error {
+		if s.i == split && len(s.stack) == 2 && s.stack[1] == '[' {
+			reached = true
+			return errScanStopped
+		}
+		return nil
+	}
+	err := s.resume()
+	s.mark = nil
+	if !reached {
+		stop.Store(true) // the guess was wrong (or an error came first): one scan decided
+		<-done
+		return err
+	}
+	if err := <-done; err != nil {
+		return err
+	}
+	// the second scan is the first's from split on: the member it closed first is the
+	// one the first scan was in
+	if len(second.obj.members) > 0 {
+		m := &second.obj.members[0]
+		m.key, m.start, m.valueStart = s.cur.key, s.cur.start, s.cur.valueStart
+	}
+	s.obj.members = append(s.obj.members, second.obj.members...)
+	s.obj.close, s.stack = second.obj.close, s.stack[:0]
+	return nil
+}
+
+// splitPoint is where a second scanner may start — the '{' of what looks like a
+// section's next item, in the second half of what is left — or -1.
+func (bs *BodyScan) splitPoint(body []byte) int {
+	from := bs.at.i
+	if len(body)-from < bs.splitAbove {
+		return -1
+	}
+	mid := from + (len(body)-from)/2
+	k := bytes.Index(body[mid:], []byte(`},{"`))
+	if k < 0 {
+		return -1
+	}
+	return mid + k + 2
 }

@@ -11,10 +11,11 @@ import (
 
 // arrive feeds body to a BodyScan in pieces of the given sizes (cycled), each prefix
 // in a fresh array as a growing buffer would give it, then prepares it.
-func arrive(rw *Rewriter, body []byte, pieces []int) (*Prepared, error) {
+func arrive(rw *Rewriter, body []byte, pieces []int, splitAbove, fed int) (*Prepared, error) {
 	bs := rw.NewBodyScan()
-	for n, k := 0, 0; n < len(body); k++ {
-		n = min(len(body), n+max(pieces[k%len(pieces)], 1))
+	bs.splitAbove = splitAbove
+	for n, k := 0, 0; n < fed; k++ {
+		n = min(fed, n+max(pieces[k%len(pieces)], 1))
 		bs.Feed(slices.Clone(body[:n]))
 	}
 	return rw.PrepareArrived(body, bs, nil)
@@ -23,8 +24,17 @@ func arrive(rw *Rewriter, body []byte, pieces []int) (*Prepared, error) {
 // samePrepared: an arriving scan is exactly Prepare, members, sums and errors alike.
 func samePrepared(t *testing.T, rw *Rewriter, body []byte, pieces []int) {
 	t.Helper()
+	samePreparedSplit(t, rw, body, pieces, splitAbove, len(body))
+	// the scan behind the bytes (loopback): most is left at Finish, split between two
+	// scanners wherever the body looks like it allows
+	samePreparedSplit(t, rw, body, pieces, 0, len(body)/3)
+	samePreparedSplit(t, rw, body, pieces, 0, 0)
+}
+
+func samePreparedSplit(t *testing.T, rw *Rewriter, body []byte, pieces []int, split, fed int) {
+	t.Helper()
 	want, werr := rw.Prepare(body)
-	got, gerr := arrive(rw, body, pieces)
+	got, gerr := arrive(rw, body, pieces, split, fed)
 	if fmt.Sprint(werr) != fmt.Sprint(gerr) {
 		t.Fatalf("pieces %v: error %v, Prepare says %v", pieces, gerr, werr)
 	}
@@ -58,6 +68,10 @@ func TestArrivingScanIsPrepare(t *testing.T) {
 		"repeated":  `{"a":1,"a":2}`,
 		"ws only":   "   ",
 		"bad later": `{"routes":[{"id":"r1"},{"id":"r2","uri":tru}]}`,
+		"split ok":  `{"a":1,"routes":[{"id":"r1"},{"id":"r2"},{"id":"r3"},{"id":"r4"}],"b":[2]}`,
+		"split bad": `{"routes":[{"id":"r1"},{"id":"r2"},{"id":"r3"},{"id":"r4",x}]}`,
+		"no item":   `{"routes":[{"p":[{"a":1},{"b":2},{"c":3},{"d":4}]}],"s":"},{\"x"}`,
+		"in string": `{"a":"xxxxxxxxxxxxxxxxxxxxxxxxxx},{\"y\":1}"}`,
 	}
 	for name, body := range bodies {
 		for _, pieces := range [][]int{{1}, {2, 3}, {7}, {64}, {len(body)}} {
