@@ -149,7 +149,7 @@ func (pr *putRequest) receive(body []byte, scan *rewrite.BodyScan) bool {
 // prepare scans the body without any state: it returns the prepared body, or the
 // reason to forward it untouched, or a *rewrite.RefuseError.
 func (s *syncer) prepare(r *http.Request, body []byte, scan *rewrite.BodyScan) (*rewrite.Prepared, metrics.UntouchedReason, error) {
-	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+	if !identityEncoded(r) {
 		// APISIX does not decode request bodies either; decoding here would change what
 		// it decides. Forwarded untouched, header and body still match.
 		s.log.Info().Str("event", "forward_untouched").Str("reason", "content-encoding").Msg("configs PUT not rewritten; APISIX will judge it")
@@ -178,9 +178,12 @@ func (s *syncer) prepare(r *http.Request, body []byte, scan *rewrite.BodyScan) (
 
 // scansArriving: the body is scanned as it arrives — JSON that goes to APISIX as sent
 // (YAML is scanned whole: lyaml's reading of a document depends on what follows).
-func scansArriving(r *http.Request) bool {
+func scansArriving(r *http.Request) bool { return !isYAML(r) && identityEncoded(r) }
+
+// identityEncoded: the body is sent as it is (APISIX decodes no request body either).
+func identityEncoded(r *http.Request) bool {
 	enc := r.Header.Get("Content-Encoding")
-	return !isYAML(r) && (enc == "" || strings.EqualFold(enc, "identity"))
+	return enc == "" || strings.EqualFold(enc, "identity")
 }
 
 func isYAML(r *http.Request) bool {
@@ -390,7 +393,7 @@ func (pr *putRequest) conclude(d decided, ans *apisix.Answer, out outgoingPut, f
 			pr.touched.before, pr.touched.decidedOn, pr.touched.res, pr.touched.after = pr.sc.tx.View().KeptState(), d.in.State, d.res, prepared
 		}
 	}
-	pr.answered(ans, d, prepared, out, fb) // the belief's one transition for this answer
+	pr.answered(ans, d, prepared, out, fb, held) // the belief's one transition for this answer
 	if accepted && s.fallback.on {
 		s.notes.lastHeld(held)
 	}
@@ -405,11 +408,11 @@ func (pr *putRequest) conclude(d decided, ans *apisix.Answer, out outgoingPut, f
 // answered records APISIX's answer in the belief (one transition, dataplane.Answered),
 // says once per merged section that confshim had no memory of ownership, and keeps
 // the credentials of a caller whose PUT APISIX accepted for the watch.
-func (pr *putRequest) answered(ans *apisix.Answer, d decided, prepared *rewrite.Prepared, out outgoingPut, fb *fallbackResult) {
+func (pr *putRequest) answered(ans *apisix.Answer, d decided, prepared *rewrite.Prepared, out outgoingPut, fb *fallbackResult, held []dataplane.Held) {
 	s := pr.s
 	o := dataplane.Outcome{Status: ans.Status, Digest: ans.Header.Get("X-Digest"), LastModified: ans.Header.Get("X-Last-Modified"),
 		Res: d.res, Prepared: prepared, NoOp: out.noop, Conn: s.api.DecideConn(),
-		Fallback: s.fallback.on, Held: allHeld(d.held, fb)}
+		Fallback: s.fallback.on, Held: held}
 	if fb != nil {
 		o.Backfilled, o.Versions = fb.changed, fb.versions
 	} else if len(d.held) > 0 {

@@ -36,7 +36,7 @@ type BodyScan struct {
 type resumePoint struct {
 	i       int
 	stack   [2]byte
-	depth   int
+	open    int // containers open (the scanner's stack, at most two)
 	members int
 	cur     member
 }
@@ -63,7 +63,7 @@ func (bs *BodyScan) mark() error {
 		return errScanStopped
 	}
 	s := &bs.s
-	bs.at = resumePoint{i: s.i, depth: len(s.stack), members: len(s.obj.members), cur: s.cur}
+	bs.at = resumePoint{i: s.i, open: len(s.stack), members: len(s.obj.members), cur: s.cur}
 	copy(bs.at.stack[:], s.stack)
 	return nil
 }
@@ -72,7 +72,7 @@ func (bs *BodyScan) mark() error {
 func (bs *BodyScan) restore() {
 	s := &bs.s
 	s.i, s.cur = bs.at.i, bs.at.cur
-	s.stack = append(s.stack[:0], bs.at.stack[:bs.at.depth]...)
+	s.stack = append(s.stack[:0], bs.at.stack[:bs.at.open]...)
 	s.obj.members = s.obj.members[:bs.at.members]
 }
 
