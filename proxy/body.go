@@ -93,7 +93,7 @@ func (br *bodyReader) read(w http.ResponseWriter, r *http.Request, arrived func(
 		br.overBudget(w, r, reserved)
 		return nil, nil, false
 	}
-	bufp := br.bufs.get()
+	bufp := br.bufs.Get()
 	body, err := readGrowing((*bufp)[:0], r.Body, limit+1, r.ContentLength, arrived)
 	*bufp = body
 	n := int64(len(body))
@@ -102,7 +102,7 @@ func (br *bodyReader) read(w http.ResponseWriter, r *http.Request, arrived func(
 		reserved = n
 	}
 	release = func() {
-		br.bufs.put(bufp)
+		br.bufs.Put(bufp)
 		br.budget.release(reserved)
 	}
 	switch {
@@ -205,7 +205,7 @@ func grow(buf []byte, limit, announced int64) []byte {
 // buffer each time; this list keeps at most cap(buffers) of them alive.
 type buffers chan *[]byte
 
-func (bufs buffers) get() *[]byte {
+func (bufs buffers) Get() *[]byte {
 	select {
 	case b := <-bufs:
 		return b
@@ -215,7 +215,7 @@ func (bufs buffers) get() *[]byte {
 	}
 }
 
-func (bufs buffers) put(b *[]byte) {
+func (bufs buffers) Put(b *[]byte) {
 	*b = (*b)[:0]
 	select {
 	case bufs <- b:

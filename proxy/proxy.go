@@ -2,7 +2,8 @@
 // APISIX unchanged, except PUT /apisix/admin/configs, which it reads, decides with the
 // rewrite package against what internal/dataplane believes, and forwards as one
 // complete request through internal/apisix (contract §4–§6); when APISIX rejects an
-// item it holds it back and forwards the rest (§8.5, fallback.go). It also serves
+// item it holds it back and forwards the rest (§8.5; the sync is internal/syncmachine's
+// state machine, drive.go its driver). It also serves
 // /debug/config (§7). The watcher (internal/reseed) runs beside it.
 package proxy
 
@@ -26,6 +27,7 @@ import (
 	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/internal/dataplane"
 	"github.com/confshim/confshim/internal/reseed"
+	"github.com/confshim/confshim/internal/syncmachine"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -233,14 +235,13 @@ func (p *Proxy) newSyncer() *syncer {
 	cfg := p.cfg
 	rw := rewrite.NewMerging(cfg.Preserve, cfg.Merge)
 	bufs := make(buffers, 3) // the PUT being read, the one being rewritten, its output
-	send := sender{api: p.api}
-	fb := &fallback{on: cfg.Fallback, budget: cfg.FallbackBudget, api: p.api, rw: rw, states: p.states, send: send, notes: p.notes}
 	return &syncer{
-		timeout: cfg.UpstreamTimeout, skipItemLists: cfg.SkipItemLists, answerHeld: cfg.FallbackAnswer,
+		timeout: cfg.UpstreamTimeout, skipItemLists: cfg.SkipItemLists, fallbackOn: cfg.Fallback,
 		api: p.api, rw: rw, dp: p.dp, watch: p.watch,
 		bodies: &bodyReader{maxBytes: cfg.MaxBodyBytes, wait: cfg.BodyBudgetWait, budget: newBodyBudget(cfg.BodyBudgetBytes), bufs: bufs, replies: p.replies},
-		states: p.states, fallback: fb, send: send, notes: p.notes, replies: p.replies,
-		decider:  &decider{rw: rw, dp: p.dp, api: p.api, watch: p.watch, states: p.states, fallback: fb, bufs: bufs, notes: p.notes},
+		states: p.states, send: sender{api: p.api}, notes: p.notes, replies: p.replies,
+		machine: &syncmachine.Config{Rewriter: rw, Fallback: cfg.Fallback, RejectHeld: cfg.FallbackAnswer == AnswerRejection,
+			Budget: cfg.FallbackBudget, Reseeds: p.watch != nil, Buffers: bufs, Layouts: &syncmachine.LayoutMemory{}},
 		asItCame: p.passthrough,
 	}
 }

@@ -1,16 +1,15 @@
 package proxy
 
 import (
-	"encoding/json"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/internal/dataplane"
+	"github.com/confshim/confshim/internal/syncmachine"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -126,7 +125,7 @@ func (n notes) lastHeld(held []dataplane.Held) {
 }
 
 // count feeds the decision's metrics once APISIX answered.
-func (n notes) count(res *rewrite.Result, out outgoingPut, ans *apisix.Answer) {
+func (n notes) count(res *rewrite.Result, out syncmachine.Outgoing, ans *apisix.Answer) {
 	if res == nil {
 		return
 	}
@@ -134,7 +133,7 @@ func (n notes) count(res *rewrite.Result, out outgoingPut, ans *apisix.Answer) {
 		n.m.SectionRewrites.WithLabelValues(metrics.SectionLabel(c.Section), string(c.Action)).Inc()
 	}
 	n.m.ThinnedBytes.Add(float64(res.ThinnedBytes))
-	if out.noop && ans.Status == http.StatusNoContent {
+	if out.NoOp && ans.Status == http.StatusNoContent {
 		n.m.NoopPuts.Inc()
 	}
 }
@@ -147,79 +146,28 @@ func (n notes) unowned(m rewrite.MergeReport) {
 		Msg("no memory of which items the client owns in this merged section (a restart without --state-dir): items missing from its copy are kept, not deleted")
 }
 
-// actionsHeader is X-Confshim-Actions when sections were rewritten (never on APISIX's
-// refusal of the caller: that would tell a stranger the decision).
-func actionsHeader(ans *apisix.Answer, res *rewrite.Result, held []dataplane.Held) string {
-	switch {
-	case ans.Status == http.StatusUnauthorized || ans.Status == http.StatusForbidden:
-		return ""
-	case len(held) > 0:
-		return actionsWithBackfill(res, held)
-	case res != nil && len(res.Changes) > 0:
-		return res.Actions()
+// fallback counts a corrected PUT's fate (§8.5) and says why the fallback stopped.
+func (n notes) fallback(note syncmachine.Note) {
+	n.m.FallbackPut(note.Result)
+	if note.Why == "" {
+		return
 	}
-	return ""
+	ev := n.log.Info().Str("event", "fallback").Str("result", string(note.Result))
+	if note.Status != 0 {
+		ev = ev.Int("status", note.Status).Str("error", rewrite.ClipMessage(note.Message))
+	}
+	if note.Err != nil {
+		ev = ev.Str("error", apisix.SafeError(note.Err))
+	}
+	ev.Msg(note.Why)
 }
 
-// backfilledSections are the sections with a held item, sorted.
-func backfilledSections(held []dataplane.Held) []string {
-	var out []string
-	for _, h := range held {
-		out = append(out, h.Section)
+// heldBack says once that an item is held back (§8.5: section, id, APISIX's error).
+func (n notes) heldBack(h dataplane.Held) {
+	outcome := "left_out"
+	if h.Backfilled {
+		outcome = "backfilled"
 	}
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
-// actionsWithBackfill is X-Confshim-Actions with section=backfilled entries added.
-func actionsWithBackfill(res *rewrite.Result, held []dataplane.Held) string {
-	var entries []string
-	if res != nil && len(res.Changes) > 0 {
-		entries = strings.Split(res.Actions(), ", ")
-	}
-	for _, s := range backfilledSections(held) {
-		entries = append(entries, rewrite.Clip(s)+"=backfilled")
-	}
-	slices.Sort(entries)
-	return strings.Join(entries, ", ")
-}
-
-// maxRejectedItems bounds the items a held-back rejection lists (§5.7).
-const maxRejectedItems = 20
-
-// heldRejection is the client's answer when items were held back and
-// --fallback-answer is rejection (§8.5): the rest of the sync is applied, but a 2xx
-// would make a controller report the held items as programmed. So the client gets a
-// rejection in APISIX's own shapes: 400, error_msg with APISIX's message for the first
-// held item and its section and id, and errors[] as POST /configs/validate lists
-// them (resource_type, resource_id, error), bounded. applied is APISIX's answer to
-// what was forwarded; its headers stay but for the ones that describe a stored body.
-func heldRejection(applied *apisix.Answer, held []dataplane.Held) *apisix.Answer {
-	type itemError struct {
-		Type  string `json:"resource_type"`
-		ID    string `json:"resource_id"`
-		Error string `json:"error"`
-	}
-	body := struct {
-		ErrorMsg string      `json:"error_msg"`
-		Errors   []itemError `json:"errors"`
-	}{}
-	for i, h := range held {
-		if i == maxRejectedItems {
-			break
-		}
-		body.Errors = append(body.Errors, itemError{Type: rewrite.Clip(h.Section), ID: rewrite.Clip(h.ID), Error: h.Error})
-	}
-	first := body.Errors[0]
-	body.ErrorMsg = "invalid " + first.Type + " " + first.ID + ": " + first.Error
-	raw, _ := json.Marshal(body)
-	header := applied.Header.Clone()
-	if header == nil {
-		header = http.Header{}
-	}
-	for _, k := range []string{"X-Digest", "X-Last-Modified", "Content-Length"} {
-		header.Del(k)
-	}
-	header.Set("Content-Type", "application/json")
-	return &apisix.Answer{Status: http.StatusBadRequest, Header: header, Body: append(raw, '\n')}
+	n.log.Warn().Str("event", "held_back").Str("section", rewrite.Clip(h.Section)).Str("id", rewrite.Clip(h.ID)).
+		Str("outcome", outcome).Str("error", h.Error).Msg("APISIX rejects this item; the rest of the sync goes on without it")
 }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/internal/dataplane"
-	"github.com/confshim/confshim/rewrite"
+	"github.com/confshim/confshim/internal/syncmachine"
 )
 
 // scope is what every stage of one sync under the PUT lock shares: the client's
@@ -28,7 +28,6 @@ type scope struct {
 type lent struct {
 	releases []func()
 	sent     []<-chan struct{}
-	took     time.Duration // how long the sync's last PUT took (§8.5's budget)
 }
 
 // giveAllBack gives the buffers back once the transport let go of them: at once in the
@@ -67,37 +66,13 @@ func waitAllFor(chans []<-chan struct{}, d time.Duration) bool {
 	return true
 }
 
-// outgoingPut is the PUT confshim forwards: the body and the X-Digest to send.
-type outgoingPut struct {
-	body      []byte
-	digest    string
-	setDigest bool
-	noop      bool // the data plane's own digest, so that APISIX answers 204 (§8.2)
-}
-
-// outgoing builds what to forward: the client's bytes, or the rewritten ones.
-func outgoing(in rewrite.Input, res *rewrite.Result, dpDigest string) outgoingPut {
-	out := outgoingPut{body: in.Body}
-	if res == nil || !res.Changed {
-		return out
-	}
-	out.body = res.Body
-	if in.HasDigest {
-		out.digest, out.setDigest = res.Digest, true
-		if res.NoOp && dpDigest != "" {
-			out.digest, out.noop = dpDigest, true
-		}
-	}
-	return out
-}
-
 // sender forwards the PUTs of a sync.
 type sender struct{ api *apisix.Client }
 
 // send sends one complete PUT of the sync on conn, with the client's headers (hop-by-hop
-// ones removed, X-Digest as decided), and reads APISIX's answer whole. A PUT on the
-// decide connection goes there or not at all (apisix.ErrRedial).
-func (s sender) send(sc *scope, conn apisix.Conn, out outgoingPut) (*apisix.Answer, error) {
+// ones removed, X-Digest as decided), and reads APISIX's answer whole; took is how long
+// that took. A PUT on the decide connection goes there or not at all (apisix.ErrRedial).
+func (s sender) send(sc *scope, conn apisix.Conn, out syncmachine.Outgoing) (ans *apisix.Answer, took time.Duration, err error) {
 	ctx := sc.ctx
 	if conn == apisix.Decide {
 		ctx = apisix.NoRedial(ctx)
@@ -106,13 +81,12 @@ func (s sender) send(sc *scope, conn apisix.Conn, out outgoingPut) (*apisix.Answ
 	apisix.RemoveHopHeaders(header)
 	header.Del("Expect")
 	header.Del("Content-Length")
-	if out.setDigest {
+	if out.SetDigest {
 		header.Del("X-Digest")
-		header.Set("X-Digest", out.digest)
+		header.Set("X-Digest", out.Digest)
 	}
 	start := time.Now()
-	ans, done, err := s.api.Put(ctx, conn, s.api.ForwardURL(sc.r), header, out.body)
-	sc.lent.took = time.Since(start)
+	ans, done, err := s.api.Put(ctx, conn, s.api.ForwardURL(sc.r), header, out.Body)
 	sc.lent.sent = append(sc.lent.sent, done)
-	return ans, err
+	return ans, time.Since(start), err
 }

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/confshim/confshim/internal/apisix"
-	"github.com/confshim/confshim/internal/dataplane"
 	"github.com/confshim/confshim/rewrite"
 )
 
@@ -39,12 +38,6 @@ import (
 //   - Trust ends at any sign of doubt: a re-opened connection, an answer that announced
 //     its connection closes, a ping that failed or met another Server, an answer other
 //     than a 2xx, an idle spell the transport may have dropped the connection in.
-
-// How confshim learnt of an out-of-band write.
-const (
-	learntByConflict = "version_conflict" // APISIX refused a PUT decided on the old versions
-	learntByReread   = "re_read"          // the state read before a PUT found another digest
-)
 
 // TrustMode is --trust-connection.
 type TrustMode string
@@ -101,68 +94,6 @@ func (sr *stateReader) trustReason() (trusted bool, why string) {
 		return false, "an answer showed an intermediary (" + sign + ")"
 	}
 	return true, "loopback --upstream, no sign of an intermediary"
-}
-
-// decidesUnread: the belief may decide this sync without a read — the connection is
-// one confshim trusts, and the belief was confirmed on it, still open, with no doubt since.
-func (sr *stateReader) decidesUnread(tx *dataplane.Tx) bool {
-	if trusted, _ := sr.trustReason(); !trusted {
-		return false
-	}
-	return tx.View().Trusts(sr.api.DecideConn())
-}
-
-// stateFor returns the data plane's state under the PUT lock, on the decide connection:
-// the belief unread where decidesUnread (verified is then false: the PUT's checks prove
-// it), the belief when a HEAD shows nobody wrote since, otherwise a GET.
-func (sr *stateReader) stateFor(ctx context.Context, tx *dataplane.Tx, creds apisix.Credentials, fresh bool, how string) (st *rewrite.State, verified bool, err error) {
-	if !fresh && tx.View().State != nil && !sr.api.NoHead() {
-		if sr.decidesUnread(tx) {
-			return tx.View().State, false, nil
-		}
-		if ok, err := sr.revalidate(ctx, tx, creds); err != nil || ok {
-			return tx.View().State, ok, err
-		}
-	}
-	st, digest, lastModified, err := sr.readState(ctx, creds)
-	if err != nil {
-		return nil, false, err
-	}
-	sr.notes.moves(tx.Read(st, digest, lastModified, sr.api.NoHead(), sr.api.DecideConn()), how)
-	return st, true, nil
-}
-
-// revalidate is HEAD /apisix/admin/configs on the decide connection: whether the data
-// plane still holds the state confshim has (anything but a match, a changed state or
-// an odd status, is false: a GET decides).
-func (sr *stateReader) revalidate(ctx context.Context, tx *dataplane.Tx, creds apisix.Credentials) (bool, error) {
-	head, _, err := sr.api.Head(ctx, apisix.Decide, creds)
-	if err != nil {
-		return false, err
-	}
-	if head != nil && tx.View().Matches(head.Digest, head.LastModified) {
-		tx.Confirm(sr.api.DecideConn())
-		return true, nil
-	}
-	return false, nil
-}
-
-// stillHolds is checked before a PUT that continues a sync: the data plane is asked
-// whether it still holds what the sync's last answer left (digest and X-Last-Modified)
-// when that PUT goes on a new connection (an answer announced that the decide
-// connection closes), or when it carries the data plane's own items at a version that
-// beats APISIX's check (a merged union, §5.4: an out-of-band write during the
-// fallback's validate calls would be overwritten). false means it does not (it
-// restarted, or someone wrote), and the sync is decided again on a fresh read.
-func (sr *stateReader) stillHolds(ctx context.Context, creds apisix.Credentials, digest, lastModified string, carriesUnion bool) (bool, error) {
-	if !sr.api.Closing() && !carriesUnion {
-		return true, nil
-	}
-	head, _, err := sr.api.Head(ctx, apisix.Decide, creds)
-	if err != nil {
-		return false, err
-	}
-	return head != nil && head.LastModified != "" && head.Digest == digest && head.LastModified == lastModified, nil
 }
 
 // probe asks APISIX, with exactly the credentials the PUT carries, whether the caller

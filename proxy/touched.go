@@ -1,7 +1,7 @@
 package proxy
 
 import (
-	"github.com/confshim/confshim/internal/dataplane"
+	"github.com/confshim/confshim/internal/syncmachine"
 	"github.com/confshim/confshim/rewrite"
 )
 
@@ -10,35 +10,30 @@ import (
 // correlation (W3C traceparent or X-Request-Id, forwarded to APISIX unchanged as every
 // other header) or confshim's own sync id. Never a value.
 
-// touchedItems is what an accepted sync needs to list the items it touched, taken under
-// the lock (immutable values and the forwarded body) and compared after it.
-type touchedItems struct {
-	before    *rewrite.State    // the data plane's items before the PUT: the kept configuration's
-	decidedOn *rewrite.State    // else the state the sync was decided on, when it had items
-	res       *rewrite.Result   // which sections took their items from the body
-	after     *rewrite.Prepared // what APISIX took
-	held      []dataplane.Held
-}
-
-// diff lists, per section whose items APISIX took from the body (bumped, applied,
-// merged, backfilled), what changed by id; settled, raised and thin sections cost
-// nothing. Held items are listed with their section.
-func (t touchedItems) diff(rw *rewrite.Rewriter) []rewrite.ItemChanges {
-	if t.res == nil && len(t.held) == 0 {
-		return nil
-	}
-	out, index := t.fromBody(rw)
-	for _, h := range t.held {
-		i, ok := index[h.Section]
-		if !ok {
-			if len(out) == maxDebugSections {
-				continue
-			}
-			i = len(out)
-			index[h.Section] = i
-			out = append(out, rewrite.ItemChanges{Section: rewrite.Clip(h.Section)})
+// touchedIDs lists, per section, what the accepted PUTs of a sync changed by id (a
+// second step's PUT after the first: what each took from its body), and the items
+// held back after the last; taken under the lock (immutable values and the forwarded
+// bodies) and compared after it.
+func touchedIDs(puts []syncmachine.Touched, rw *rewrite.Rewriter) []rewrite.ItemChanges {
+	var out []rewrite.ItemChanges
+	index := map[string]int{}
+	for i, t := range puts {
+		changes := fromBody(t, rw)
+		if i == len(puts)-1 {
+			changes = withHeld(changes, t.Held)
 		}
-		out[i].HeldItem(h.ID)
+		for _, c := range changes {
+			at, seen := index[c.Section]
+			switch {
+			case !seen && len(out) == maxDebugSections:
+				continue
+			case !seen:
+				index[c.Section] = len(out)
+				out = append(out, c)
+			default:
+				out[at] = c // the later PUT's view of the section
+			}
+		}
 	}
 	kept := out[:0]
 	for _, c := range out {
@@ -49,29 +44,49 @@ func (t touchedItems) diff(rw *rewrite.Rewriter) []rewrite.ItemChanges {
 	return kept
 }
 
-// fromBody diffs each section whose items APISIX took from the body against the items
-// before the PUT (unknown when confshim did not know them), and indexes them by section.
-func (t touchedItems) fromBody(rw *rewrite.Rewriter) ([]rewrite.ItemChanges, map[string]int) {
+// withHeld adds the held items to their sections' changes.
+func withHeld(out []rewrite.ItemChanges, held []syncmachine.HeldItem) []rewrite.ItemChanges {
 	index := map[string]int{}
-	if t.res == nil || t.after == nil || !t.after.IsJSON() {
-		return nil, index
+	for i, c := range out {
+		index[c.Section] = i
 	}
-	before := t.before
-	if before == nil && t.decidedOn != nil && t.decidedOn.ItemsKnown {
-		before = t.decidedOn
+	for _, h := range held {
+		i, ok := index[rewrite.Clip(h.Section)]
+		if !ok {
+			if len(out) == maxDebugSections {
+				continue
+			}
+			i = len(out)
+			index[rewrite.Clip(h.Section)] = i
+			out = append(out, rewrite.ItemChanges{Section: rewrite.Clip(h.Section)})
+		}
+		out[i].HeldItem(h.ID)
+	}
+	return out
+}
+
+// fromBody diffs each section whose items APISIX took from the body (bumped, applied,
+// merged, backfilled) against the items before the PUT (unknown when confshim did not
+// know them); settled, raised and thin sections cost nothing.
+func fromBody(t syncmachine.Touched, rw *rewrite.Rewriter) []rewrite.ItemChanges {
+	if t.Res == nil || t.After == nil || !t.After.IsJSON() {
+		return nil
+	}
+	before := t.Before
+	if before == nil && t.DecidedOn != nil && t.DecidedOn.ItemsKnown {
+		before = t.DecidedOn
 	}
 	var out []rewrite.ItemChanges
-	for _, o := range t.res.Outcomes() {
+	for _, o := range t.Res.Outcomes() {
 		if !o.FromBody || len(out) == maxDebugSections {
 			continue
 		}
 		c := rewrite.ItemChanges{Section: rewrite.Clip(o.Section), Unknown: true}
 		if before != nil {
-			items, _ := t.after.JSONItems(o.Section)
+			items, _ := t.After.JSONItems(o.Section)
 			c = rw.DiffItems(o.Section, before.Items[o.Section], items)
 		}
-		index[o.Section] = len(out)
 		out = append(out, c)
 	}
-	return out, index
+	return out
 }

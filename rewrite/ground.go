@@ -111,6 +111,17 @@ func clip(name string) string {
 // Clip is clip for the proxy's log lines.
 func Clip(name string) string { return clip(name) }
 
+// MaxMessageBytes bounds an APISIX message kept for a log line or /debug/config (§7).
+const MaxMessageBytes = 256
+
+// ClipMessage cuts a message at MaxMessageBytes.
+func ClipMessage(msg string) string {
+	if len(msg) <= MaxMessageBytes {
+		return msg
+	}
+	return msg[:MaxMessageBytes] + "…"
+}
+
 // valueEnd returns the end of the JSON value starting at i (strings and nesting aware).
 func valueEnd(b []byte, i int) int {
 	depth, inString, escaped := 0, false, false

@@ -196,7 +196,7 @@ func (v View) Trusts(conn uint64) bool {
 
 // HeldItem is section's item id as it was held back in the last accepted sync.
 func (v View) HeldItem(section, id string) (Held, bool) {
-	h, ok := v.Held[heldKey(section, id)]
+	h, ok := v.Held[rewrite.HeldKey(section, id)]
 	return h, ok
 }
 
