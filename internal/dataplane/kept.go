@@ -44,7 +44,7 @@ func KeptFromState(st *rewrite.State, digest, lastModified string, owned rewrite
 // (the watch then reads it back).
 func (b *Belief) derive(o Outcome) *Kept {
 	prev, st, digest, lastModified, owned := b.kept, b.state, b.digest, b.lastModify, b.owned
-	res, prepared, newDigest, newLastModified := o.Res, o.Prepared, o.Digest, o.LastModified
+	res, prepared, newDigest, newLastModified, backfilled := o.Res, o.Prepared, o.Digest, o.LastModified, o.Backfilled
 	// A version number is not content identity: the earlier kept copy of a section
 	// stands for what the data plane holds only if it describes the very state this
 	// PUT was decided on (after a restart, another writer may hold other content at
@@ -52,27 +52,27 @@ func (b *Belief) derive(o Outcome) *Kept {
 	prevIsCurrent := prev != nil && lastModified != "" && prev.Digest == digest && prev.LastModified == lastModified
 	next := &Kept{Digest: newDigest, LastModified: newLastModified,
 		Versions: map[string]float64{}, Items: map[string]json.RawMessage{}, Owned: res.Ownership(owned)}
-	for _, o := range res.Outcomes() {
-		next.Versions[o.Section] = o.Version
+	for _, sec := range res.Outcomes() {
+		next.Versions[sec.Section] = sec.Version
 		var items []byte
 		switch {
-		case o.FromBody && o.Items != nil: // a merged union: what was sent, not the client's items
-			items = bytes.Clone(o.Items)
-		case o.FromBody:
-			body, ok := prepared.JSONItems(o.Section)
+		case sec.FromBody && sec.Items != nil && !slices.Contains(backfilled, sec.Section):
+			items = bytes.Clone(sec.Items) // a merged union: what was sent, not the client's items
+		case sec.FromBody: // the body's items (a correction's, §8.5: what was sent, not what was decided)
+			body, ok := prepared.JSONItems(sec.Section)
 			if !ok {
 				return nil // YAML items: read back as JSON by the watch
 			}
 			items = bytes.Clone(body) // the body's buffer goes back to the pool
-		case prevIsCurrent && prev.Versions[o.Section] == o.Version:
-			items = prev.Items[o.Section] // immutable: shared, not copied again
+		case prevIsCurrent && prev.Versions[sec.Section] == sec.Version:
+			items = prev.Items[sec.Section] // immutable: shared, not copied again
 		case st != nil && st.ItemsKnown: // the state read before this PUT
-			items = bytes.Clone(st.Items[o.Section])
+			items = bytes.Clone(st.Items[sec.Section])
 		default:
 			return nil
 		}
 		if !noItems(items) {
-			next.Items[o.Section] = items
+			next.Items[sec.Section] = items
 		}
 	}
 	return next

@@ -50,10 +50,13 @@ func (s *Sync) putAnswered(ev Event) Action {
 func (s *Sync) putLost(ev Event) Action {
 	r := &s.round
 	switch {
+	case s.second.deciding && neverSent(ev.Err):
+		return s.end(nil) // the sync ends on what it applied
 	case s.second.deciding:
-		s.tx.Forget() // the second PUT may have landed: the next sync reads
-		s.unavailable("the second PUT got no answer", ev.Err)
-		return s.end(nil)
+		// whether APISIX applied it is unknown: confshim believes nothing and says so
+		// (the first PUT, the rest of the sync, is applied)
+		s.tx.Forget()
+		return s.fail(Failure{Kind: FailUpstream, Err: ev.Err, What: "the second PUT of --fallback backfill (APISIX may have applied it; the rest of the sync is applied)"})
 	case r.res != nil && r.untouched == "" && s.redials < MaxRedials && (errors.Is(ev.Err, apisix.ErrRedial) || ev.Broke):
 		s.redials++
 		s.tx.Forget() // the PUT may have landed: what the read shows is not a stranger's
@@ -61,6 +64,12 @@ func (s *Sync) putLost(ev Event) Action {
 		return s.to(PhaseReturn, AwaitReturn{Until: s.in.Start.Add(RestartPatience)})
 	}
 	return s.fail(Failure{Kind: FailUpstream, Err: ev.Err, What: "PUT " + apisix.ConfigsPath})
+}
+
+// neverSent: the PUT did not leave confshim (the decide connection it must go on had
+// closed, or was still held by an unread answer).
+func neverSent(err error) bool {
+	return errors.Is(err, apisix.ErrRedial) || errors.Is(err, apisix.ErrConnectionHeld)
 }
 
 // decidedOutcome is what an accepted decided PUT tells the belief.
@@ -387,8 +396,8 @@ func (s *Sync) correctedAnswered(ev Event) Action {
 	fb := s.fb
 	if ev.Err != nil {
 		s.note(Note{Kind: NoteFallback, Result: metrics.FallbackUnavailable})
-		if errors.Is(ev.Err, apisix.ErrRedial) || errors.Is(ev.Err, apisix.ErrConnectionHeld) {
-			return s.end(nil) // never sent: the first answer stands
+		if neverSent(ev.Err) {
+			return s.end(nil) // the first answer stands
 		}
 		// whether APISIX applied it is unknown, so confshim believes nothing and says so
 		s.tx.Forget()

@@ -39,8 +39,11 @@ type Options struct {
 	// FillDefaults stores routes and upstreams with default fields added, a stress
 	// option proving that confshim does not rely on GET echoing what was PUT.
 	FillDefaults bool
-	// Now is the clock for X-Last-Modified; time.Now when nil.
-	Now func() time.Time
+	// Now is the clock for X-Last-Modified and the workers' AppliedLag; time.Now when
+	// nil. Sleep is how ?wait passes time (time.Sleep when nil): a test that drives
+	// the emulator on its own clock advances that instead.
+	Now   func() time.Time
+	Sleep func(time.Duration)
 	// AppliedLag models APISIX's workers applying an accepted document up to about a
 	// second after the 202: the state-dependent checks (§4.1.3) see the previous
 	// document for this long. 0: at once.
@@ -118,6 +121,9 @@ func (e *Emulator) decodeStored(count *int) {
 		return
 	}
 	*count++
+	if e.opts.DecodeCost < 0 {
+		return // a decode that costs nothing need not be done: it is only counted
+	}
 	_, _ = decodeCJSON(e.stored)
 	e.chargeDecode(len(e.stored))
 }
@@ -152,6 +158,9 @@ func New(opts Options) (*Emulator, error) {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.Sleep == nil {
+		opts.Sleep = time.Sleep
 	}
 	parts := strings.SplitN(opts.Version, ".", 3)
 	if len(parts) < 2 || parts[0] != "3" {
@@ -594,7 +603,7 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 	e.stored = encoded
 	decoded, _ := decodeCJSON(encoded) // what the dict now holds (numbers at 14 digits)
 	old := e.doc
-	e.prevDoc, e.appliedAt = old, time.Now()
+	e.prevDoc, e.appliedAt = old, e.opts.Now()
 	e.doc = decoded.(table)
 	// A section reloads when its *stored* version changed: what workers compare.
 	for _, k := range e.sections() {
@@ -615,10 +624,10 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 		lag := e.opts.AppliedLag
 		e.mu.Unlock()
 		if lag <= wait {
-			time.Sleep(max(lag, 0))
+			e.opts.Sleep(max(lag, 0))
 			answer = http.StatusOK
 		} else {
-			time.Sleep(wait)
+			e.opts.Sleep(wait)
 		}
 		e.mu.Lock()
 	}
@@ -693,12 +702,12 @@ func (e *Emulator) WaitPuts() int {
 func (e *Emulator) Applied() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.opts.AppliedLag <= 0 || time.Since(e.appliedAt) >= e.opts.AppliedLag
+	return e.opts.AppliedLag <= 0 || e.opts.Now().Sub(e.appliedAt) >= e.opts.AppliedLag
 }
 
 // applied is the document the workers have applied (the caller holds e.mu).
 func (e *Emulator) applied() table {
-	if e.opts.AppliedLag > 0 && time.Since(e.appliedAt) < e.opts.AppliedLag {
+	if e.opts.AppliedLag > 0 && e.opts.Now().Sub(e.appliedAt) < e.opts.AppliedLag {
 		return e.prevDoc
 	}
 	return e.doc

@@ -158,8 +158,7 @@ func (d *cjsonDecoder) next() cjsonToken {
 		return cjsonToken{kind: "T_END", index: start}
 	}
 	c := d.s[d.i]
-	simple := map[byte]string{'{': "T_OBJ_BEGIN", '}': "T_OBJ_END", '[': "T_ARR_BEGIN", ']': "T_ARR_END", ':': "T_COLON", ',': "T_COMMA"}
-	if k, ok := simple[c]; ok {
+	if k := simpleToken(c); k != "" {
 		d.i++
 		return cjsonToken{kind: k, index: start}
 	}
@@ -179,6 +178,25 @@ func (d *cjsonDecoder) next() cjsonToken {
 		return d.number()
 	}
 	return cjsonToken{kind: "T_ERROR", err: "invalid token", index: start}
+}
+
+// simpleToken is the kind of a one-byte token ("" for none).
+func simpleToken(c byte) string {
+	switch c {
+	case '{':
+		return "T_OBJ_BEGIN"
+	case '}':
+		return "T_OBJ_END"
+	case '[':
+		return "T_ARR_BEGIN"
+	case ']':
+		return "T_ARR_END"
+	case ':':
+		return "T_COLON"
+	case ',':
+		return "T_COMMA"
+	}
+	return ""
 }
 
 func (d *cjsonDecoder) number() cjsonToken {

@@ -1,0 +1,5 @@
+//go:build !race
+
+package syncmachine_test
+
+const raceBuild = false
