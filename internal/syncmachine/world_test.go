@@ -129,10 +129,10 @@ type world struct {
 	// the operator's writes: ops is the newest; seenInSync the newest the machine
 	// observed in the sync under test (-1: none yet); kept the newest one it read or
 	// wrote over (what a re-seed restores); lossy the writes that raced a PUT which
-	// replaced what they wrote (the race no belief can see)
+	// replaced what they wrote (the race no belief can see); lost the writes a restart
+	// emptied before the machine read them (§8.4's limit)
 	ops, seenInSync, kept int
-	lossy                 map[int]bool
-	restarts              int
+	lossy, lost           map[int]bool
 	lookedSincePut        bool // a HEAD or GET answered since the sync's last PUT
 
 	choices []answer // the answers to give, in order; natural after them
@@ -143,7 +143,7 @@ type world struct {
 }
 
 func newWorld(sc scenario, f flags) *world {
-	w := &world{sc: sc, f: f, clock: time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC), connID: 1, seenInSync: -1, lossy: map[int]bool{}}
+	w := &world{sc: sc, f: f, clock: time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC), connID: 1, seenInSync: -1, lossy: map[int]bool{}, lost: map[int]bool{}}
 	em, err := emulator.New(emulator.Options{Version: sc.version, AppliedLag: time.Second, DecodeCost: -1,
 		Now: func() time.Time { return w.clock }, Sleep: func(d time.Duration) { w.clock = w.clock.Add(d) }})
 	if err != nil {
@@ -376,7 +376,9 @@ func (w *world) put(act syncmachine.Put, a answer, in rewrite.Input) syncmachine
 		return w.broke(errors.New("connection reset"))
 	case restarted:
 		w.em.Restart()
-		w.restarts++
+		for n := w.kept + 1; n <= w.ops; n++ {
+			w.lost[n] = true
+		}
 		return w.broke(errors.New("connection reset by peer"))
 	}
 	header := http.Header{"Content-Type": {"application/json"}, "X-Digest": {in.Digest}}
@@ -647,12 +649,12 @@ func (w *world) checkOperator() string {
 		return 0
 	}
 	floor := w.ops
-	for floor > 0 && (w.lossy[floor] || (w.restarts > 0 && floor > w.kept)) {
+	for floor > 0 && (w.lossy[floor] || w.lost[floor]) {
 		floor--
 	}
 	check := func(what string, n int) string {
 		if n < floor || n > w.ops {
-			return fmt.Sprintf("the operator's %s is from write %d; writes %d, the machine read %d, lossy %v", what, n, w.ops, w.kept, w.lossy)
+			return fmt.Sprintf("the operator's %s is from write %d; writes %d, the machine read %d, lossy %v, lost in a restart %v", what, n, w.ops, w.kept, w.lossy, w.lost)
 		}
 		return ""
 	}
