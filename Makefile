@@ -27,9 +27,11 @@ test: lint monitoring
 	$(GO) test -count=1 -run 'TestMemory|TestLargeBodies|TestMonitoring' ./integration/
 
 # The emulated APISIX data plane on 127.0.0.1:9180 and confshim in front of it on :9280.
-# Ctrl-C stops both.
+# The log is confshim's; EMULATOR_FLAGS=-v adds the emulator's line per request (one
+# HEAD /apisix/admin a second: confshim's ping). Ctrl-C stops both.
+EMULATOR_FLAGS ?=
 run: build
-	@bin/apisix-standalone --listen 127.0.0.1:9180 --admin-key $(ADMIN_KEY) & emu=$$!; \
+	@bin/apisix-standalone --listen 127.0.0.1:9180 --admin-key $(ADMIN_KEY) $(EMULATOR_FLAGS) & emu=$$!; \
 	trap 'kill $$emu 2>/dev/null' EXIT INT TERM; \
 	sleep 0.3; \
 	echo "try: curl -s -H 'X-API-KEY: $(ADMIN_KEY)' http://127.0.0.1:9280/apisix/admin/configs"; \

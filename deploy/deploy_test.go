@@ -131,6 +131,26 @@ func checkSidecar(t *testing.T, c obj) {
 	}
 }
 
+// The first start and a restart (docs/operations.md, "First start and restarts").
+const (
+	// reseedTarget: confshim re-seeds a restarted APISIX within 2 s of its Admin API
+	// answering again (contract §8.4).
+	reseedTarget = 2
+	// apisixStartAllowance: what this check allows APISIX from its container's start to
+	// an answering Admin API (nginx and its workers; a few seconds).
+	apisixStartAllowance = 5
+)
+
+// checkAdminServiceReachesNotReadyPods: apache/apisix-helm-chart#847. A new APISIX in
+// API-driven standalone mode is not Ready until its first configuration; the controller
+// must reach it through the admin Service all the same.
+func checkAdminServiceReachesNotReadyPods(t *testing.T, svc obj) {
+	t.Helper()
+	if get(svc, "spec", "publishNotReadyAddresses") != true {
+		t.Fatalf("the admin Service must publish not-ready addresses, or the first start deadlocks (apache/apisix-helm-chart#847): %v", get(svc, "spec"))
+	}
+}
+
 func TestKustomizeOverlay(t *testing.T) {
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl is not installed: cannot render deploy/kubernetes")
@@ -139,13 +159,42 @@ func TestKustomizeOverlay(t *testing.T) {
 	if err != nil {
 		t.Fatalf("kubectl kustomize: %v\n%s", err, out)
 	}
-	var deployment, adminSvc obj
+	checkOverlay(t, out)
+}
+
+// post-render.sh is what a real install runs: the chart's rendering on stdin, the
+// overlay's result on stdout.
+func TestPostRenderer(t *testing.T) {
+	if _, err := exec.LookPath("kubectl"); err != nil {
+		t.Skip("kubectl is not installed: cannot render deploy/kubernetes")
+	}
+	rendered, err := os.Open("kubernetes/apisix-rendered.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rendered.Close()
+	cmd := exec.Command("bash", "kubernetes/post-render.sh")
+	cmd.Stdin = rendered
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("post-render.sh: %v\n%s", err, stderr.Bytes())
+	}
+	checkOverlay(t, out)
+}
+
+func checkOverlay(t *testing.T, out []byte) {
+	t.Helper()
+	var deployment, adminSvc, gatewaySvc obj
 	for _, d := range decodeAll(t, out) {
 		switch {
 		case d["kind"] == "Deployment" && get(d, "metadata", "name") == "apisix":
 			deployment = d
 		case d["kind"] == "Service" && get(d, "metadata", "name") == "apisix-admin":
 			adminSvc = d
+		case d["kind"] == "Service" && get(d, "metadata", "name") == "apisix-gateway":
+			gatewaySvc = d
 		}
 	}
 	if deployment == nil || adminSvc == nil {
@@ -154,12 +203,32 @@ func TestKustomizeOverlay(t *testing.T) {
 	spec := get(deployment, "spec", "template", "spec")
 	checkSidecar(t, findContainer(spec, "confshim"))
 	checkStateVolume(t, get(spec, "volumes"))
-	if findContainer(spec, "apisix") == nil {
+	apisix := findContainer(spec, "apisix")
+	if apisix == nil {
 		t.Fatal("the APISIX container must stay")
 	}
 	port := get(adminSvc, "spec", "ports", 0)
 	if get(port, "targetPort") != "confshim" || get(port, "name") != "apisix-admin" || str(get(port, "port")) != "9180" {
 		t.Fatalf("the admin Service must keep its port name and number and target confshim: %v", port)
+	}
+	checkAdminServiceReachesNotReadyPods(t, adminSvc)
+	// only the admin door skips readiness: traffic never goes to an APISIX holding nothing
+	if gatewaySvc == nil || get(gatewaySvc, "spec", "publishNotReadyAddresses") == true {
+		t.Fatalf("the gateway Service must keep honouring readiness: %v", gatewaySvc)
+	}
+
+	// A restarted APISIX container is not Ready until its readiness probe passes; confshim,
+	// in the same pod and with its kept configuration on the pod's volume (checkSidecar,
+	// checkStateVolume), re-seeds it before that first probe, so the probe finds the
+	// configuration back instead of failing until the controller's next sync.
+	probe := get(apisix, "readinessProbe")
+	if get(probe, "httpGet", "path") != "/status/ready" {
+		t.Fatalf("the APISIX container keeps the chart's readiness probe: %v", probe)
+	}
+	delay, _ := get(probe, "initialDelaySeconds").(int)
+	if delay < apisixStartAllowance+reseedTarget {
+		t.Fatalf("APISIX's first readiness probe after a restart comes %d s after its start: sooner than its start-up (%d s allowed) plus confshim's re-seed (%d s)",
+			delay, apisixStartAllowance, reseedTarget)
 	}
 }
 
@@ -184,6 +253,25 @@ func TestHelmValuesSnippet(t *testing.T) {
 	if !strings.Contains(shim, "targetPort: confshim") || str(get(values, "ingress-controller", "apisix", "adminService", "port")) != "9280" {
 		t.Fatal("the controller must be pointed at confshim's port")
 	}
+	// extraDeploy is a template (tpl); its spec is plain YAML below the first line with
+	// a template action, so the Service is checked as Kubernetes will read it.
+	var svc obj
+	if err := yaml.Unmarshal([]byte(untemplated(shim)), &svc); err != nil {
+		t.Fatalf("extraDeploy's Service: %v", err)
+	}
+	checkAdminServiceReachesNotReadyPods(t, svc)
+}
+
+// untemplated drops the lines of a Helm template that hold template actions (the
+// values' Service names and selector come from the chart's helpers).
+func untemplated(tpl string) string {
+	var kept []string
+	for _, line := range strings.Split(tpl, "\n") {
+		if !strings.Contains(line, "{{") {
+			kept = append(kept, line)
+		}
+	}
+	return strings.Join(kept, "\n")
 }
 
 func TestComposeAgreesWithDefaults(t *testing.T) {

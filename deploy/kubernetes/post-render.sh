@@ -6,6 +6,6 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cp "$here"/kustomization.yaml "$here"/confshim-sidecar.yaml "$here"/admin-service-targetport.yaml "$work"/
+cp "$here"/kustomization.yaml "$here"/confshim-sidecar.yaml "$here"/admin-service.yaml "$work"/
 cat > "$work"/apisix-rendered.yaml
 kubectl kustomize "$work"

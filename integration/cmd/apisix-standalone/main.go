@@ -1,5 +1,7 @@
 // Command apisix-standalone serves the APISIX standalone Admin API emulator, so that
-// confshim can be tried (make run) and tested without a real APISIX.
+// confshim can be tried (make run) and tested without a real APISIX. It logs its start
+// and, with -v, one line per request; quiet by default, so that `make run` shows
+// confshim's log, not confshim's once-a-second ping answered.
 package main
 
 import (
@@ -7,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -19,18 +22,25 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "apisix-standalone:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
+// run serves until ctx ends; its log goes to logOut.
+func run(ctx context.Context, args []string, logOut io.Writer) error {
 	fs := flag.NewFlagSet("apisix-standalone", flag.ContinueOnError)
+	fs.SetOutput(logOut)
 	listen := fs.String("listen", "127.0.0.1:9180", "address of the emulated Admin API")
-	adminKey := fs.String("admin-key", "", "admin key (X-API-KEY); empty disables authentication")
+	adminKey := fs.String("admin-key", os.Getenv("APISIX_ADMIN_KEY"), "admin key (X-API-KEY); empty disables authentication (default $APISIX_ADMIN_KEY, as an APISIX config.yaml may read it)")
 	version := fs.String("apisix-version", "3.17.0", "APISIX version to model: 3.13.x, 3.14.x, 3.17.x …")
 	fill := fs.Bool("fill-defaults", false, "store routes and upstreams with default fields filled in (stress option)")
+	var verbose bool
+	fs.BoolVar(&verbose, "v", false, "log one line per request (method, path, status, size, time)")
+	fs.BoolVar(&verbose, "verbose", false, "same as -v")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -42,19 +52,25 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	srv := &http.Server{Handler: logRequests(em), ReadHeaderTimeout: 10 * time.Second}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	logger := log.New(logOut, "", log.LstdFlags)
+	var handler http.Handler = em
+	if verbose {
+		handler = logRequests(logger, em)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
 	}()
-	log.Printf("APISIX %s standalone Admin API emulator on http://%s", em.Version(), ln.Addr())
+	logger.Printf("APISIX %s standalone Admin API emulator on http://%s", em.Version(), ln.Addr())
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
+	<-done
 	return nil
 }
 
@@ -72,11 +88,11 @@ func (s *statusRecorder) WriteHeader(code int) {
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // logRequests logs one line per request; never the query (it may carry api_key).
-func logRequests(next http.Handler) http.Handler {
+func logRequests(logger *log.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(rec, r)
-		log.Printf("%s %s %d %dB %s", r.Method, r.URL.Path, rec.status, r.ContentLength, time.Since(start).Round(time.Microsecond))
+		logger.Printf("%s %s %d %dB %s", r.Method, r.URL.Path, rec.status, r.ContentLength, time.Since(start).Round(time.Microsecond))
 	})
 }

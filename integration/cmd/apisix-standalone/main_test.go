@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// syncBuffer is the emulator's log, written by its goroutines and read by the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+var startLine = regexp.MustCompile(`emulator on (http://127\.0\.0\.1:\d+)`)
+
+// start runs the emulator with args on a free loopback port and returns its URL, its
+// log, and a stop that waits for it to end.
+func start(t *testing.T, args ...string) (string, *syncBuffer, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	logs := &syncBuffer{}
+	errc := make(chan error, 1)
+	go func() { errc <- run(ctx, append([]string{"--listen", "127.0.0.1:0"}, args...), logs) }()
+	stop := func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := startLine.FindStringSubmatch(logs.String()); m != nil {
+			return m[1], logs, stop
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	t.Fatalf("the emulator never logged its address: %q", logs.String())
+	return "", nil, nil
+}
+
+func ping(t *testing.T, url string) {
+	t.Helper()
+	resp, err := http.Head(url + "/apisix/admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("HEAD /apisix/admin: %d", resp.StatusCode)
+	}
+}
+
+// make run: confshim pings every second; the emulator says nothing about it unless asked.
+func TestQuietUnlessVerbose(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		logsReq bool
+	}{
+		{"default", nil, false},
+		{"-v", []string{"-v"}, true},
+		{"--verbose", []string{"--verbose"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url, logs, stop := start(t, tc.args...)
+			ping(t, url)
+			ping(t, url)
+			stop()
+			got := strings.Count(logs.String(), "HEAD /apisix/admin 200")
+			if want := map[bool]int{false: 0, true: 2}[tc.logsReq]; got != want {
+				t.Fatalf("%d request lines, want %d; log:\n%s", got, want, logs.String())
+			}
+			if strings.Count(logs.String(), "\n") != 1+got {
+				t.Fatalf("only the start line and the request lines are logged:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+// The compose stand-in reads the key from the environment, as APISIX's config.yaml does.
+func TestAdminKeyFromEnvironment(t *testing.T) {
+	t.Setenv("APISIX_ADMIN_KEY", "env-key")
+	url, _, stop := start(t)
+	defer stop()
+	for key, want := range map[string]int{"env-key": http.StatusOK, "other": http.StatusUnauthorized} {
+		req, _ := http.NewRequest(http.MethodGet, url+"/apisix/admin/configs", nil)
+		req.Header.Set("X-API-KEY", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("key %q: %d, want %d", key, resp.StatusCode, want)
+		}
+	}
+}
