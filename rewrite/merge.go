@@ -293,12 +293,13 @@ func deletable(owned []string, knows, speaks bool) []string {
 // emptiedByVersion: a body that carries no items of merged section K says by its
 // version that the client holds none (§8.6 as amended: to APISIX, no key and a higher
 // version is no items, §5.1), so the client's own items of K go and the kept ones stay.
-// It says nothing about K's items — everything stays — when the version is absent, the
-// data plane's (APISIX's own way to leave K as it holds it, §5.1, and what a client that
-// re-read the data plane echoes), or the version the client last sent for K: the one
-// in the body of its last write the data plane accepted (the record; ADC echoes its
-// cache on every sync). A client whose last body carried K's items and whose next
-// leaves them out at that same version has said nothing new either.
+// It says nothing about K's items — everything stays — when the version is absent or
+// the version the client last sent for K: the one in the body of its last write the
+// data plane accepted (the record; ADC echoes its cache on every sync). A client whose
+// last body carried K's items and whose next leaves them out at that same version has
+// said nothing new either. A version moved onto the data plane's own (an out-of-band
+// writer raised it by one, the client too) is moved all the same: to APISIX an equal
+// version would keep what it holds, but a client's change is never dropped (§5.1).
 //
 // With no version the client last sent — the first sync since confshim started (the
 // record is memory only, §8.6's ownership may survive in --state-dir, it does not), a
@@ -306,10 +307,10 @@ func deletable(owned []string, knows, speaks bool) []string {
 // a version above the data plane's is moved: that is how APISIX itself would read the
 // body, and what a client echoes never is (it echoes what it or the data plane once
 // had, and the data plane's version only grows: confshim raises or bumps it to at least
-// what the client sent). A lower one is taken for an echo: nothing is deleted on a
-// guess.
+// what the client sent). An equal or lower one is taken for an echo: nothing is deleted
+// on a guess.
 func (d *decision) emptiedByVersion(section string, req sectionVersion, vS float64) bool {
-	if !req.present || req.v == vS {
+	if !req.present {
 		return false
 	}
 	if e, ok := d.in.Record.entry(section); ok && e.sent.present {
