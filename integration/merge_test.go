@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -206,5 +207,65 @@ func TestMergeKeepsTheOperatorsItemInEveryTrust(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// Issue 45 (§8.6 as amended): with --merge secrets, a body that leaves secrets out says
+// nothing about them at the version the client last sent — the client's vault/ctrl and
+// the operator's vault/op both stay — and at a version it moved, vault/ctrl goes and
+// vault/op stays, through confshim against the emulator, with each --trust-connection.
+// After a confshim restart with --state-dir (ownership remembered, the record of what
+// the client sent not), a version below the data plane's may be an echo and deletes
+// nothing, one above it is moved.
+func TestMergedSectionLeftOutThroughTheProxy(t *testing.T) {
+	const routes = `"routes_conf_version":5,"routes":[{"id":"r1","uris":["/get"]}]`
+	body := func(secrets string) string { return "{" + routes + "," + secrets + "}" }
+	ctrl, _ := json.Marshal(secretItem("vault/ctrl", "ctrl-token"))
+	for _, tc := range []struct {
+		name    string
+		trust   proxy.TrustMode
+		restart bool
+	}{
+		{"auto", proxy.TrustAuto, false},
+		{"always", proxy.TrustAlways, false},
+		{"never", proxy.TrustNever, false},
+		{"restarted with a state dir", proxy.TrustAuto, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := stackOptions{merge: []string{"secrets"}, trust: tc.trust, reseed: time.Hour}
+			if tc.restart {
+				o.stateDir, o.adminKey = t.TempDir(), adminKey
+			}
+			s := newStack(t, o)
+			put := func(digest, b string) http.Header {
+				t.Helper()
+				status, hdr := rawPut(t, s.proxyURL, b, digest)
+				if status/100 != 2 {
+					t.Fatalf("%s: %d %v", digest, status, hdr)
+				}
+				return hdr
+			}
+			put("c1", body(`"secrets_conf_version":10,"secrets":[`+string(ctrl)+`]`))
+			s.oobPut(t, func(doc map[string]any) { // the operator's, straight on APISIX
+				doc["secrets_conf_version"] = doc["secrets_conf_version"].(float64) + 1
+				doc["secrets"] = append(doc["secrets"].([]any), secretItem("vault/op", "op-token"))
+			})
+			wantIDs(t, s.ids(t, "secrets"), "vault/ctrl", "vault/op")
+			moved := "11" // onto the operator's version: moved all the same
+			if tc.restart {
+				s.startProxy(t) // the record is memory only; ownership is in the state file
+				moved = fmt.Sprintf("%.0f", s.em.SectionVersion("secrets")+1)
+			}
+			// the client echoes its cache: secrets left out at the version it last sent
+			put("c2", body(`"secrets_conf_version":10`))
+			wantIDs(t, s.ids(t, "secrets"), "vault/ctrl", "vault/op")
+			put("c3", body(`"secrets_conf_version":10`)) // and again, decided on what c2 left
+			wantIDs(t, s.ids(t, "secrets"), "vault/ctrl", "vault/op")
+			// the client moved the version and sends no secrets: it has none of its own
+			hdr := put("c4", body(`"secrets_conf_version":`+moved))
+			wantIDs(t, s.ids(t, "secrets"), "vault/op")
+			mustContain(t, hdr.Get("X-Confshim-Actions"), "secrets=merged")
+			mustContain(t, s.items(t, "secrets"), "op-token")
+		})
 	}
 }

@@ -59,7 +59,7 @@ type Config struct {
 	StateDir       string
 	// WatchSafetyInterval is the longest the watch goes without looking at the
 	// configuration (0: a minute); between --reseed-interval and it, the looks follow
-	// their cost (lookInterval). Tests compress it.
+	// their cost (reseed.Watcher.LookInterval). Tests compress it.
 	WatchSafetyInterval time.Duration
 	// AllowCIDRs, when not empty, is who may talk to the Admin API through confshim,
 	// checked against the TCP peer (never X-Forwarded-For).

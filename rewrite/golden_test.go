@@ -47,8 +47,9 @@ func setFile(a *txtar.Archive, name string, data []byte) {
 	a.Files = append(a.Files, txtar.File{Name: name, Data: data})
 }
 
-// recordFrom builds a Record from {"section":{"version":N,"items":<raw>}}; the raw
-// items bytes are hashed exactly as written, as the proxy hashes what it forwarded.
+// recordFrom builds a Record from {"section":{"version":N,"sent":N,"items":<raw>}}
+// (version: what the data plane took; sent: the client's version in that body); the
+// raw items bytes are hashed exactly as written, as the proxy hashes what it forwarded.
 func recordFrom(t *testing.T, rw *Rewriter, data []byte) *Record {
 	t.Helper()
 	obj, err := scanObject(data, nil)
@@ -68,6 +69,8 @@ func recordFrom(t *testing.T, rw *Rewriter, data []byte) *Record {
 			switch string(f.key) {
 			case "version":
 				e.version = fastjson.MustParseBytes(raw).GetFloat64()
+			case "sent": // the version the client sent (absent: a record without it)
+				e.sent = sectionVersion{fastjson.MustParseBytes(raw).GetFloat64(), true}
 			case "items":
 				e.sum = maphash.Bytes(rw.seed, raw)
 			}

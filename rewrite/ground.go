@@ -288,6 +288,9 @@ type recordEntry struct {
 	fpKnown bool
 	version float64
 	kept    bool // a --merge section whose union kept items the client never sent
+	// sent is the section's version as the client sent it (not as forwarded): a body
+	// that leaves a merged section out says nothing while it echoes it (§8.6)
+	sent sectionVersion
 }
 
 // Result is the decision for one body.
@@ -323,16 +326,17 @@ type Result struct {
 // outcome is what the data plane will hold for one section after the forwarded PUT.
 type outcome struct {
 	section  string
-	recorded bool    // a managed section whose client copy the record keeps
-	sum      uint64  // hash of the client's items
-	fp       uint64  // fingerprint of the content after the PUT (when fpKnown)
-	fpKnown  bool    //
-	applied  float64 // the version after a 202, as APISIX stores it
-	current  float64 // the data plane's version before the PUT (kept on a 204)
-	dpKnows  bool    // the data plane reported this section
-	kept     bool    // a merged section that keeps items the client never sent (§8.6)
-	union    []byte  // a merged section's items as sent, when not the client's own
-	shared   bool    // a --merge section (§8.6)
+	recorded bool           // a managed section whose client copy the record keeps
+	sum      uint64         // hash of the client's items
+	fp       uint64         // fingerprint of the content after the PUT (when fpKnown)
+	fpKnown  bool           //
+	applied  float64        // the version after a 202, as APISIX stores it
+	current  float64        // the data plane's version before the PUT (kept on a 204)
+	dpKnows  bool           // the data plane reported this section
+	kept     bool           // a merged section that keeps items the client never sent (§8.6)
+	union    []byte         // a merged section's items as sent, when not the client's own
+	shared   bool           // a --merge section (§8.6)
+	sent     sectionVersion // the client's version of the section, as it sent it
 }
 
 // Rejection is one item APISIX rejects: its section, its index in the body's array,

@@ -243,10 +243,12 @@ func (d *decision) decideMerged(section string, sl slots) (o outcome, change Cha
 	var client []byte
 	client, o.sum = rw.itemsOf(p, ii)
 	owned, knows := in.Owned[section]
+	// a body without K's items speaks of them only by a version the client moved
+	speaks := ii >= 0 || d.emptiedByVersion(section, sectionVersion{vR, present}, vS)
 	// The record vouches: the same client bytes as last time on the version that write
 	// produced, so the union is what the data plane holds (an out-of-band write would
 	// have moved the version).
-	if entry, ok := in.Record.entry(section); ok && entry.version == vS && entry.sum == o.sum && knows && dpKnows {
+	if entry, ok := in.Record.entry(section); ok && entry.version == vS && entry.sum == o.sum && knows && dpKnows && (ii >= 0 || !speaks) {
 		o.fp, o.fpKnown, o.kept = entry.fp, entry.fpKnown, entry.kept
 		res.owned[section] = owned
 		return d.keepMerged(section, vi, o, change, sectionVersion{vR, present})
@@ -254,20 +256,24 @@ func (d *decision) decideMerged(section string, sl slots) (o outcome, change Cha
 	if !in.State.ItemsKnown {
 		return o, change, false, ErrStateIncomplete
 	}
-	if p.yaml {
+	if p.yaml && ii >= 0 {
 		return d.decideMergedYAML(section, sl, owned, knows)
 	}
-	merged, ids, kept, keptIDs, err := union(section, client, in.State.Items[section], deletable(owned, knows, ii))
+	merged, ids, kept, keptIDs, err := union(section, client, in.State.Items[section], deletable(owned, knows, speaks))
 	if err != nil {
 		return o, change, false, &SkipError{Reason: err.Error()}
 	}
 	if ii < 0 && knows {
 		ids = owned // and they stay the client's
 	}
+	o.fp, o.fpKnown, o.kept = h.sectionFingerprint(section, merged), true, kept > 0
+	unchanged := o.fp == h.sectionFingerprint(section, in.State.Items[section]) // the union is what it holds
+	if p.yaml && !unchanged {
+		return d.decideMergedYAML(section, sl, owned, knows) // a union to write into YAML
+	}
 	res.owned[section] = ids
 	res.Merges = append(res.Merges, MergeReport{Section: section, ClientOwned: len(ids), Kept: kept, Unowned: !knows && kept > 0, KeptIDs: keptIDs})
-	o.fp, o.fpKnown, o.kept = h.sectionFingerprint(section, merged), true, kept > 0
-	if o.fp == h.sectionFingerprint(section, in.State.Items[section]) { // the union is what it holds
+	if unchanged {
 		return d.keepMerged(section, vi, o, change, sectionVersion{vR, present})
 	}
 	return d.applyUnion(unionPlan{section: section, o: o, change: change, vi: vi, ii: ii, vR: vR, present: present, vS: vS, merged: merged, kept: kept})
@@ -275,13 +281,42 @@ func (d *decision) decideMerged(section string, sl slots) (o outcome, change Cha
 
 // deletable are the items of a merged section the client may delete by leaving them
 // out: the ones it owns, nil without a memory of ownership (nothing is deleted) or
-// when the body carries no items of it (ADC 0.30 never sends secrets: the client's own
-// stay as they are, like everyone else's).
-func deletable(owned []string, knows bool, items int) []string {
-	if !knows || items < 0 {
+// when the body says nothing about the section's items (speaks false: ADC 0.30 never
+// sends secrets; the client's own stay as they are, like everyone else's).
+func deletable(owned []string, knows, speaks bool) []string {
+	if !knows || !speaks {
 		return nil
 	}
 	return owned
+}
+
+// emptiedByVersion: a body that carries no items of merged section K says by its
+// version that the client holds none (§8.6 as amended: to APISIX, no key and a higher
+// version is no items, §5.1), so the client's own items of K go and the kept ones stay.
+// It says nothing about K's items — everything stays — when the version is absent or
+// the version the client last sent for K: the one in the body of its last write the
+// data plane accepted (the record; ADC echoes its cache on every sync). A client whose
+// last body carried K's items and whose next leaves them out at that same version has
+// said nothing new either. A version moved onto the data plane's own (an out-of-band
+// writer raised it by one, the client too) is moved all the same: to APISIX an equal
+// version would keep what it holds, but a client's change is never dropped (§5.1).
+//
+// With no version the client last sent — the first sync since confshim started (the
+// record is memory only, §8.6's ownership may survive in --state-dir, it does not), a
+// section whose record was forgotten (§8.5), or a last body without the version — only
+// a version above the data plane's is moved: that is how APISIX itself would read the
+// body, and what a client echoes never is (it echoes what it or the data plane once
+// had, and the data plane's version only grows: confshim raises or bumps it to at least
+// what the client sent). An equal or lower one is taken for an echo: nothing is deleted
+// on a guess.
+func (d *decision) emptiedByVersion(section string, req sectionVersion, vS float64) bool {
+	if !req.present {
+		return false
+	}
+	if e, ok := d.in.Record.entry(section); ok && e.sent.present {
+		return req.v != e.sent.v
+	}
+	return req.v > vS
 }
 
 // keepMerged keeps the data plane's copy of a merged section at its version: merged

@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -161,5 +162,92 @@ func TestUnionNamesWhatItKeeps(t *testing.T) {
 		if len(id) > 64+len("…") {
 			t.Fatalf("a kept id of %d bytes: want it cut at 64", len(id))
 		}
+	}
+}
+
+// TestMergedSectionLeftOut (§8.6 as amended): syncs through the rewrite and the
+// emulator, each remembered as the proxy remembers an accepted one (the record, the
+// memory of ownership). A body that leaves secrets out says nothing about them at the
+// version the client last sent, also after a body that carried them and after another
+// that left them out; at a version it moved, the client's own vault/ctrl goes and the
+// operator's vault/op stays.
+func TestMergedSectionLeftOut(t *testing.T) {
+	const ctrl = `{"id":"vault/ctrl","uri":"http://vault:8200","prefix":"kv/ctrl","token":"c"}`
+	type step struct {
+		body string
+		yaml bool
+		want string // the ids the data plane holds after it
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"carried, then left out at its version, then moved", []step{
+			{`{"secrets_conf_version":4,"secrets":[` + ctrl + `]}`, false, "vault/ctrl,vault/op"},
+			{`{"secrets_conf_version":4}`, false, "vault/ctrl,vault/op"},
+			{`{"secrets_conf_version":4}`, false, "vault/ctrl,vault/op"},
+			{`{"secrets_conf_version":9}`, false, "vault/op"},
+		}},
+		{"left out twice at one version, then moved below the data plane's", []step{
+			{`{"secrets_conf_version":2,"secrets":[` + ctrl + `]}`, false, "vault/ctrl,vault/op"}, // bumped above the operator's 3
+			{`{"secrets_conf_version":2}`, false, "vault/ctrl,vault/op"},
+			{`{"secrets_conf_version":2}`, false, "vault/ctrl,vault/op"},
+			{`{"secrets_conf_version":3}`, false, "vault/op"},
+		}},
+		{"never a version: nothing said", []step{
+			{`{"secrets_conf_version":4,"secrets":[` + ctrl + `]}`, false, "vault/ctrl,vault/op"},
+			{`{}`, false, "vault/ctrl,vault/op"},
+			{`{"routes_conf_version":1}`, false, "vault/ctrl,vault/op"},
+		}},
+		{"YAML left out at its version, then moved", []step{
+			{`{"secrets_conf_version":4,"secrets":[` + ctrl + `]}`, false, "vault/ctrl,vault/op"},
+			{"secrets_conf_version: 4\n", true, "vault/ctrl,vault/op"},
+			{"secrets_conf_version: 8\n", true, "refused"}, // the union would have to be written into YAML
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rw := NewMerging(nil, []string{"secrets"})
+			em, _ := emulator.New(emulator.Options{})
+			srv := &propServer{t: t, em: em}
+			if code, msg := srv.put([]byte(`{"secrets_conf_version":3,"secrets":[{"id":"vault/op","uri":"http://vault:8200","prefix":"kv/op","token":"o"}]}`)); code != http.StatusAccepted {
+				t.Fatalf("the operator's write: %d %s", code, msg)
+			}
+			var record *Record
+			var owned Ownership
+			for i, s := range tc.steps {
+				st, err := ParseState(srv.get())
+				if err != nil {
+					t.Fatal(err)
+				}
+				prepare := rw.Prepare
+				if s.yaml {
+					prepare = rw.PrepareYAML
+				}
+				p, err := prepare([]byte(s.body))
+				var res *Result
+				if err == nil {
+					res, err = rw.Decide(p, Input{Body: []byte(s.body), Digest: "c", HasDigest: true, State: st, Record: record, Owned: owned})
+				}
+				var refuse *RefuseError
+				if errors.As(err, &refuse) && s.want == "refused" {
+					continue
+				}
+				if err != nil {
+					t.Fatalf("step %d: %v", i+1, err)
+				}
+				if code, msg := srv.putAs(res.Body, s.yaml); code != http.StatusAccepted && code != http.StatusNoContent {
+					t.Fatalf("step %d: APISIX answered %d %s to %s", i+1, code, msg, res.Body)
+				}
+				record, owned = res.Commit(false), res.Ownership(owned)
+				var ids []string
+				items, _ := em.Document()["secrets"].([]any)
+				for _, it := range items {
+					ids = append(ids, it.(map[string]any)["id"].(string))
+				}
+				if got := strings.Join(ids, ","); got != s.want {
+					t.Fatalf("step %d (%s): the data plane holds %s, want %s; forwarded %s", i+1, s.body, got, s.want, res.Body)
+				}
+			}
+		})
 	}
 }

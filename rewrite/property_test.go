@@ -50,10 +50,16 @@ type propServer struct {
 	n  int
 }
 
-func (s *propServer) put(body []byte) (int, string) {
+func (s *propServer) put(body []byte) (int, string) { return s.putAs(body, false) }
+
+// putAs is put of a JSON or (yaml) a YAML body.
+func (s *propServer) putAs(body []byte, yaml bool) (int, string) {
 	s.n++
 	req := httptest.NewRequest("PUT", "/apisix/admin/configs", strings.NewReader(string(body)))
 	req.Header.Set("X-Digest", fmt.Sprintf("d%d", s.n))
+	if yaml {
+		req.Header.Set("Content-Type", "application/yaml")
+	}
 	rec := httptest.NewRecorder()
 	s.em.ServeHTTP(rec, req)
 	b, _ := io.ReadAll(rec.Result().Body)

@@ -80,7 +80,7 @@ func (r *Result) Commit(noContent bool) *Record {
 		if noContent {
 			v = o.current
 		}
-		rec.entries[o.section] = recordEntry{sum: o.sum, fp: o.fp, fpKnown: o.fpKnown, version: v, kept: o.kept}
+		rec.entries[o.section] = recordEntry{sum: o.sum, fp: o.fp, fpKnown: o.fpKnown, version: v, kept: o.kept, sent: o.sent}
 	}
 	return rec
 }

@@ -131,7 +131,7 @@ func sectionStart(section string, vi int, p *Prepared, in Input) (o outcome, cha
 	}
 	vS := in.State.Version(section)
 	_, dpKnows := in.State.Versions[section]
-	o = outcome{section: section, current: vS, dpKnows: dpKnows}
+	o = outcome{section: section, current: vS, dpKnows: dpKnows, sent: sectionVersion{vR, present}}
 	change = Change{Section: section, From: vR, FromAbsent: !present}
 	return o, change, vR, present, nil
 }

@@ -173,7 +173,7 @@ var flagSpecs = []flagSpec{
 	}},
 	{"tls-cert-file", "", "serve HTTPS with this certificate (reloaded when the file changes)", false, text(func(o *options) *string { return &o.tlsCertFile })},
 	{"tls-key-file", "", "key of --tls-cert-file", false, text(func(o *options) *string { return &o.tlsKeyFile })},
-	{"reseed-interval", "1s", "how often the data plane is pinged (HEAD /apisix/admin, no configuration read) to notice a restart; its configuration is looked at after a sign of one and as often as a cost budget allows (at most 0.5 % of an APISIX worker, at least once a minute, at most once per interval), and re-seeded when lost (0: never); the pings also keep the connection a sync may be decided on unread open: from " + apisix.DecideIdleLimit.String() + " (or 0) a sync more than " + apisix.DecideIdleLimit.String() + " after the last answer reads the state first", false, func(o *options, v string) error {
+	{"reseed-interval", "1s", "how often the data plane is pinged (HEAD /apisix/admin, no configuration read) to notice a restart; its configuration is looked at after a sign of one and as often as a cost budget allows (at most 0.5 % of an APISIX worker in any minute, each look's cost judged by the configuration's size before it is sent, at least once a minute, at most once per interval), and re-seeded when lost (0: never); the pings also keep the connection a sync may be decided on unread open: from " + apisix.DecideIdleLimit.String() + " (or 0) a sync more than " + apisix.DecideIdleLimit.String() + " after the last answer reads the state first", false, func(o *options, v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
 			return fmt.Errorf("%q is not a duration such as 1s (0 turns re-seeding off)", v)

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -147,4 +149,147 @@ func touch(t *testing.T, file string, at time.Time) {
 	if err := os.Chtimes(file, at, at); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// reloaderClock is a certReloader's clock and stat, moved and counted by a test.
+type reloaderClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	stats  int
+	block  chan struct{} // when set, a stat waits for it (a check in progress)
+	inside chan struct{} // told when a stat starts waiting on block
+}
+
+func (c *reloaderClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *reloaderClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func (c *reloaderClock) Stat(name string) (os.FileInfo, error) {
+	c.mu.Lock()
+	c.stats++
+	block, inside := c.block, c.inside
+	c.mu.Unlock()
+	if block != nil {
+		inside <- struct{}{}
+		<-block
+	}
+	return os.Stat(name)
+}
+
+func (c *reloaderClock) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats
+}
+
+// newReloaderOnClock is a certReloader with a pair issued for cn, checking every
+// second of the returned clock.
+func newReloaderOnClock(t *testing.T, ca *testcerts.CA, dir, cn string) (*certReloader, *reloaderClock, string) {
+	t.Helper()
+	pair := ca.Issue(t, cn)
+	certFile := testcerts.Write(t, dir, "tls.crt", pair.CertPEM)
+	keyFile := testcerts.Write(t, dir, "tls.key", pair.KeyPEM)
+	r, err := newCertReloader(certFile, keyFile, time.Second, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &reloaderClock{now: time.Now()}
+	r.now, r.stat = clock.Now, clock.Stat
+	r.nextCheck.Store(clock.Now().Add(time.Second).UnixNano())
+	return r, clock, certFile
+}
+
+func servedName(t *testing.T, r *certReloader) string {
+	t.Helper()
+	c, err := r.GetCertificate(nil)
+	if err != nil || c == nil {
+		t.Fatalf("no certificate: %v", err)
+	}
+	if c.Leaf == nil {
+		leaf, err := x509.ParseCertificate(c.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return leaf.Subject.CommonName
+	}
+	return c.Leaf.Subject.CommonName
+}
+
+// TestCertificateFilesAreCheckedOncePerInterval (issue 45): a thousand handshakes
+// within one interval stat the files not at all; the first handshake after it checks
+// them (two stats), and a rotation is served from that check on.
+func TestCertificateFilesAreCheckedOncePerInterval(t *testing.T) {
+	ca := testcerts.NewCA(t, "test-ca")
+	dir := t.TempDir()
+	r, clock, certFile := newReloaderOnClock(t, ca, dir, "first")
+	for i := 0; i < 1000; i++ {
+		if cn := servedName(t, r); cn != "first" {
+			t.Fatalf("serving %q", cn)
+		}
+	}
+	if n := clock.count(); n != 0 {
+		t.Fatalf("%d stats within the interval, want none", n)
+	}
+	second := ca.Issue(t, "second")
+	testcerts.Write(t, dir, "tls.key", second.KeyPEM)
+	testcerts.Write(t, dir, "tls.crt", second.CertPEM)
+	touch(t, certFile, time.Now().Add(time.Hour)) // a modification time the check must see as new
+	if cn := servedName(t, r); cn != "first" {
+		t.Fatalf("rotated before the interval passed: %q", cn)
+	}
+	clock.advance(time.Second)
+	for i := 0; i < 1000; i++ {
+		if cn := servedName(t, r); cn != "second" {
+			t.Fatalf("handshake %d after the interval: serving %q", i, cn)
+		}
+	}
+	if n := clock.count(); n != 2 {
+		t.Fatalf("%d stats for 1000 handshakes in one interval, want 2 (the two files, once)", n)
+	}
+}
+
+// TestAHandshakeNeverWaitsForACheck: while one handshake looks at the files (its stat
+// does not return), another is served the pair in hand at once.
+func TestAHandshakeNeverWaitsForACheck(t *testing.T) {
+	ca := testcerts.NewCA(t, "test-ca")
+	r, clock, _ := newReloaderOnClock(t, ca, t.TempDir(), "first")
+	clock.mu.Lock()
+	clock.block, clock.inside = make(chan struct{}), make(chan struct{})
+	block, inside := clock.block, clock.inside
+	clock.mu.Unlock()
+	clock.advance(time.Second)
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		_, _ = r.GetCertificate(nil) // the check: its stat waits
+	}()
+	<-inside
+	for _, late := range []time.Duration{0, 5 * time.Second} { // due again, or not
+		clock.advance(late)
+		served := make(chan string, 1)
+		go func() { served <- servedName(t, r) }()
+		select {
+		case cn := <-served:
+			if cn != "first" {
+				t.Fatalf("serving %q", cn)
+			}
+		case <-time.After(10 * time.Second): // a failure detector, not a wait: it passes at once
+			t.Fatal("a handshake waited for the check in progress")
+		}
+	}
+	close(block) // the check's two stats go on
+	go func() {
+		for range inside {
+		}
+	}()
+	<-checked
+	close(inside)
 }

@@ -78,6 +78,17 @@ func (b *Belief) derive(o Outcome) *Kept {
 	return next
 }
 
+// Bytes is the configuration's size as a stored document: its sections' items, which
+// are what APISIX decodes at every look (the versions add a few bytes a section). The
+// watch judges a look's cost by it before sending one (§8.4).
+func (k *Kept) Bytes() int {
+	n := 0
+	for _, items := range k.Items {
+		n += len(items)
+	}
+	return n
+}
+
 // noItems: a section without items — absent, [] or {} (how cjson writes an empty array
 // back in a GET). A re-seed never sends such a section's items at all: after 3.18
 // APISIX refuses a section that is not an array (spec §13), and the version alone

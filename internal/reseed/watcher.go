@@ -12,7 +12,10 @@
 //     configs HEAD that tells an empty data plane is asked on such evidence (the ping
 //     had to open a new connection, failed, or saw another Server version), when the
 //     kept configuration could not be derived, and otherwise as often as a cost budget
-//     allows (LookInterval): between --reseed-interval and once a minute.
+//     allows (LookInterval): between --reseed-interval and once a minute. A look's cost
+//     is judged before it is sent, from the stored document's size confshim knows (the
+//     kept configuration: what it last forwarded in an accepted PUT, read or re-seeded),
+//     so the budget holds in the minutes right after a sync grew the configuration.
 //   - Under the PUT lock, the state read and the PUT travel on that connection; when
 //     a sync may be decided on the belief without a read is proxy/state.go's rule.
 package reseed
@@ -21,6 +24,7 @@ import (
 	"bytes"
 	"context"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"sync"
@@ -39,11 +43,25 @@ import (
 // least one configs HEAD a minute, however large the configuration.
 const SafetyInterval = time.Minute
 
-// lookBudget is the share of an APISIX worker the watch's looks may take: a look (a
-// configs HEAD) makes APISIX decode its whole stored document, ≈ 25 ms per MB, on the
-// worker that also proxies traffic. The contract allows 0.5 %; 0.4 % keeps a 40,000-
-// route configuration (≈ 0.25–0.35 s a decode) at one look a minute.
+// lookBudget is the share of an APISIX worker the watch's looks may take in any
+// minute: a look (a configs HEAD) makes APISIX decode its whole stored document on the
+// worker that also proxies traffic. The contract allows 0.5 %; planning with 0.4 %
+// leaves room for a decode slower than the 25 ms per MB it is judged by (spec §11
+// measured 276–342 ms for 11 MB), and keeps a 40,000-route configuration (≈ 0.28 s a
+// look) at one look a minute.
 const lookBudget = 0.004
+
+// budgetWindow is the span the budget holds in: every minute (contract §8.4).
+const budgetWindow = time.Minute
+
+// decodePerMB is what a look costs APISIX per MB (10^6 bytes) of stored document
+// (spec §11: a configs HEAD decodes the whole document, ≈ 25 ms per MB on a real 3.17).
+const decodePerMB = 25 * time.Millisecond
+
+// SizeCost is what a look at a stored document of n bytes costs APISIX: one decode.
+func SizeCost(n int) time.Duration {
+	return time.Duration(float64(decodePerMB) * float64(n) / 1e6)
+}
 
 // maxLoggedSections bounds a re-seed's log line (§5.7).
 const maxLoggedSections = 32
@@ -129,13 +147,21 @@ func (w *Watcher) credentials() (apisix.Credentials, bool) {
 	return *creds, true
 }
 
-// LookInterval is how long the watch waits between looks with nothing suspicious seen:
-// as often as the budget allows for what the last look cost (its latency stands for the
-// decode), never more often than --reseed-interval, at least once per safety interval
-// (a minute). A few hundred routes are looked at every second or two; 40,000 (≈ 0.3 s a
-// decode) once a minute.
+// LookInterval is how long the watch waits between looks with nothing suspicious seen,
+// for looks that cost APISIX cost each: as often as the budget allows in every minute,
+// never more often than --reseed-interval, at least once per safety interval (a
+// minute). Looks at least budgetWindow/k apart put at most k of them in any minute, so
+// the interval is a minute over the most looks whose cost fits the minute's budget
+// (cost / budget would let two looks of 0.15–0.24 s fall into one minute). A few
+// hundred routes are looked at every second; 10,000 (≈ 70 ms) every 20 s; 40,000
+// (≈ 0.28 s) once a minute.
 func (w *Watcher) LookInterval(cost time.Duration) time.Duration {
-	d := time.Duration(float64(cost) / lookBudget)
+	d := w.cfg.SafetyInterval
+	if cost <= 0 {
+		d = w.cfg.Interval
+	} else if k := math.Floor(lookBudget * float64(budgetWindow) / float64(cost)); k >= 1 {
+		d = time.Duration(float64(budgetWindow) / k)
+	}
 	return min(max(d, w.cfg.Interval), w.cfg.SafetyInterval)
 }
 
@@ -150,12 +176,13 @@ func (w *Watcher) run(ctx context.Context) {
 	}
 	st := watchState{suspect: true} // nothing is known at start
 	for {
+		var at time.Time
 		select {
 		case <-ctx.Done():
 			return
-		case <-ticks:
+		case at = <-ticks:
 		}
-		keepOn := w.tick(ctx, &st)
+		keepOn := w.tick(ctx, &st, at)
 		if w.cfg.TickDone != nil {
 			w.cfg.TickDone()
 		}
@@ -169,27 +196,50 @@ func (w *Watcher) run(ctx context.Context) {
 type watchState struct {
 	suspect    bool          // something suggests the data plane changed: look
 	lastServer string        // the Server header the last ping saw
-	lastCheck  time.Time     // when the watch last looked
-	lookCost   time.Duration // what a look costs (its latency), as nextLookCost keeps it
+	lastCheck  time.Time     // the tick at which the watch last looked
+	latency    time.Duration // what looks took, as nextLatency keeps it
+	bytes      int           // the stored document's size as last known (0: not known)
 }
 
-// nextLookCost is what the next looks are budgeted by after one that took cost: at most
-// twice what they were judged to cost before. One slow answer — an APISIX still loading
-// after a restart, a busy worker — is not a decode that grew, and would otherwise space
-// the looks by minutes (cost / budget), leaving a restart behind a proxy, which no ping
-// can see, unnoticed that long; a configuration that did grow reaches its cost within a
-// few looks.
-func nextLookCost(prev, cost time.Duration) time.Duration {
-	if prev > 0 && cost > 2*prev {
+// nextLatency is what the looks' latency is taken as after one that took took: at most
+// twice what it was taken as before. One slow answer — an APISIX still loading after a
+// restart, a busy worker — is not a decode that grew, and would otherwise space the
+// looks by minutes, leaving a restart behind a proxy, which no ping can see, unnoticed
+// that long. A configuration that grew needs no latency to be seen: its size is known
+// before the next look (lookCost).
+func nextLatency(prev, took time.Duration) time.Duration {
+	if prev > 0 && took > 2*prev {
 		return 2 * prev
 	}
-	return cost
+	return took
+}
+
+// lookCost is what the next look will cost APISIX, judged before it is sent: the stored
+// document's size as confshim knows it — the kept configuration, which follows every
+// PUT APISIX accepted through confshim (a sync that grew the configuration counts at
+// once), every read and every re-seed — at 25 ms per MB, or what looks took when that is
+// more (an APISIX slower than that figure; the only measure while the size is not
+// known), that latency taken at most twice what it was before (nextLatency).
+func (w *Watcher) lookCost(st *watchState) time.Duration {
+	if k := w.cfg.Belief.Snapshot().Kept; k != nil {
+		if n := k.Bytes(); n != st.bytes {
+			if n < st.bytes {
+				// a smaller configuration decodes faster: the latency learnt on the
+				// larger one would hold the looks back until the next one is timed
+				st.latency = time.Duration(float64(st.latency) * float64(n) / float64(st.bytes))
+			}
+			st.bytes = n
+		}
+	}
+	return max(SizeCost(st.bytes), st.latency)
 }
 
 // tick pings the data plane and looks at its configuration when something suggests it
-// changed, or as the budget allows; false when the watch cannot work here (3.13).
-func (w *Watcher) tick(ctx context.Context, st *watchState) bool {
-	b, api, now := w.cfg.Belief, w.cfg.API, w.cfg.Now
+// changed, or as the budget allows; false when the watch cannot work here (3.13). at is
+// the tick's time: looks are spaced from tick to tick, so that neither a ping's nor a
+// look's latency turns a look every interval into one every other interval.
+func (w *Watcher) tick(ctx context.Context, st *watchState, at time.Time) bool {
+	b, api := w.cfg.Belief, w.cfg.API
 	tx, free := b.TryLock()
 	if !free {
 		return true // a PUT is in flight on the decide connection: it tells what a ping would
@@ -211,22 +261,22 @@ func (w *Watcher) tick(ctx context.Context, st *watchState) bool {
 		st.suspect = true // a new connection, or another APISIX answering
 	}
 	st.lastServer = server
-	if !st.suspect && !b.RefreshDue() && now().Sub(st.lastCheck) < w.LookInterval(st.lookCost) {
+	if !st.suspect && !b.RefreshDue() && at.Sub(st.lastCheck) < w.LookInterval(w.lookCost(st)) {
 		return true
 	}
 	w.cfg.Log.Debug().Str("event", "watch").Bool("suspect", st.suspect).Msg("looking at the data plane's configuration")
-	looked, cost, ok := w.look(ctx)
+	looked, took, ok := w.look(ctx)
 	if looked {
-		st.suspect, st.lastCheck, st.lookCost = false, now(), nextLookCost(st.lookCost, cost)
+		st.suspect, st.lastCheck, st.latency = false, at, nextLatency(st.latency, took)
 	}
 	return ok
 }
 
 // look is the watch's look at the configuration (a configs HEAD, which costs APISIX a
 // decode of its stored document): an empty data plane is re-seeded, one that changed
-// without confshim is read back. looked says whether the data plane answered, cost how
+// without confshim is read back. looked says whether the data plane answered, took how
 // long the HEAD took; ok is false when re-seeding cannot work here (APISIX 3.13).
-func (w *Watcher) look(ctx context.Context) (looked bool, cost time.Duration, ok bool) {
+func (w *Watcher) look(ctx context.Context) (looked bool, took time.Duration, ok bool) {
 	api := w.cfg.API
 	if api.NoHead() {
 		w.cfg.Log.Info().Str("event", "reseed_off").Msg("the data plane has no HEAD /apisix/admin/configs (APISIX 3.13): re-seeding is off")
@@ -238,7 +288,7 @@ func (w *Watcher) look(ctx context.Context) (looked bool, cost time.Duration, ok
 	}
 	start := w.cfg.Now()
 	head, status, err := api.Head(ctx, apisix.Shared, creds)
-	cost = w.cfg.Now().Sub(start)
+	took = w.cfg.Now().Sub(start)
 	switch {
 	case status == http.StatusNotFound:
 		return false, 0, true // APISIX 3.13: said at the next tick
@@ -251,7 +301,7 @@ func (w *Watcher) look(ctx context.Context) (looked bool, cost time.Duration, ok
 	default:
 		w.refresh(ctx, head.Digest, head.LastModified)
 	}
-	return true, cost, true
+	return true, took, true
 }
 
 // lookCredentials are the watch's, read without waiting for a PUT in flight.

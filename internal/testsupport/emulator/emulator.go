@@ -50,7 +50,8 @@ type Options struct {
 	AppliedLag time.Duration
 	// DecodeCost is what one decode of the stored document costs per MiB stored, spent
 	// on the emulator's one worker as APISIX spends it (spec §11: ≈ 25 ms per MB on a
-	// real 3.17): 0 means that figure, a negative value nothing.
+	// real 3.17): 0 means that figure, a negative value nothing (not even the decode's
+	// CPU: a test that charges its own clock for it).
 	DecodeCost time.Duration
 	// LoadTime models a restarted APISIX that takes a moment to load: for this long
 	// after Restart every request waits (nginx and its workers starting) before it is
@@ -122,7 +123,7 @@ func (e *Emulator) decodeStored(count *int) {
 	}
 	*count++
 	if e.opts.DecodeCost < 0 {
-		return // a decode that costs nothing need not be done: it is only counted
+		return // costs nothing: a test's own clock charges it (its result is unused)
 	}
 	_, _ = decodeCJSON(e.stored)
 	e.chargeDecode(len(e.stored))
