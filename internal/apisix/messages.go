@@ -72,3 +72,15 @@ func StateDependent(msg string) bool {
 	return strings.Contains(msg, "already exists in global rule") || strings.Contains(msg, " found with consumer: ") ||
 		strings.Contains(msg, " found with credential: ")
 }
+
+// dictFullMessage is APISIX's answer when the encoded document does not fit the
+// standalone-config shared dict (spec §2, §11): a plain-text 500,
+// "failed to save config to shared dict: no memory".
+const dictFullMessage = "failed to save config to shared dict: "
+
+// IsDictFull: APISIX validated the configuration but could not store it: it is larger
+// than nginx_config.meta.lua_shared_dict.standalone-config.
+func IsDictFull(a *Answer) bool {
+	return a.Status == http.StatusInternalServerError && bytes.HasPrefix(a.Body, []byte(dictFullMessage)) &&
+		bytes.Contains(a.Body, []byte("no memory"))
+}

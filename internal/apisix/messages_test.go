@@ -48,3 +48,24 @@ func TestMessages(t *testing.T) {
 		t.Error("a 202 is never a conflict")
 	}
 }
+
+// TestIsDictFull: only APISIX's plain-text 500 of a document larger than the
+// standalone-config dict (spec §2 step 8) counts, not another 500.
+func TestIsDictFull(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		body   string
+		want   bool
+	}{
+		{500, "failed to save config to shared dict: no memory", true},
+		{500, "failed to save config to shared dict: no memory\n", true},
+		{500, "failed to save config to shared dict: exists", false},
+		{500, `{"error_msg":"failed to get config from shared dict: failed to decode json: x"}`, false},
+		{500, "<html><head><title>500 Internal Server Error</title></head></html>", false},
+		{400, "failed to save config to shared dict: no memory", false},
+	} {
+		if got := IsDictFull(&Answer{Status: tc.status, Body: []byte(tc.body)}); got != tc.want {
+			t.Errorf("IsDictFull(%d %q) = %v, want %v", tc.status, tc.body, got, tc.want)
+		}
+	}
+}

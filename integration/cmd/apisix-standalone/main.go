@@ -11,10 +11,13 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -38,13 +41,18 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	adminKey := fs.String("admin-key", os.Getenv("APISIX_ADMIN_KEY"), "admin key (X-API-KEY); empty disables authentication (default $APISIX_ADMIN_KEY, as an APISIX config.yaml may read it)")
 	version := fs.String("apisix-version", "3.17.0", "APISIX version to model: 3.13.x, 3.14.x, 3.17.x …")
 	fill := fs.Bool("fill-defaults", false, "store routes and upstreams with default fields filled in (stress option)")
+	dictSize := fs.String("standalone-config-size", "10m", "size of the standalone-config shared dict, as nginx spells it (10m, 512k, 2097152): a configuration that does not fit is answered 500 \"failed to save config to shared dict: no memory\"")
 	var verbose bool
 	fs.BoolVar(&verbose, "v", false, "log one line per request (method, path, status, size, time)")
 	fs.BoolVar(&verbose, "verbose", false, "same as -v")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	em, err := emulator.New(emulator.Options{Version: *version, AdminKey: *adminKey, FillDefaults: *fill})
+	size, err := nginxSize(*dictSize)
+	if err != nil {
+		return fmt.Errorf("--standalone-config-size: %w", err)
+	}
+	em, err := emulator.New(emulator.Options{Version: *version, AdminKey: *adminKey, FillDefaults: *fill, DictSize: size})
 	if err != nil {
 		return err
 	}
@@ -95,4 +103,27 @@ func logRequests(logger *log.Logger, next http.Handler) http.Handler {
 		next.ServeHTTP(rec, r)
 		logger.Printf("%s %s %d %dB %s", r.Method, r.URL.Path, rec.status, r.ContentLength, time.Since(start).Round(time.Microsecond))
 	})
+}
+
+// nginxSize reads a size as nginx's configuration spells it: bytes, or k/m/g (either
+// case) for KiB, MiB and GiB.
+func nginxSize(s string) (int, error) {
+	unit := 1
+	switch {
+	case strings.HasSuffix(s, "k"), strings.HasSuffix(s, "K"):
+		unit = 1 << 10
+	case strings.HasSuffix(s, "m"), strings.HasSuffix(s, "M"):
+		unit = 1 << 20
+	case strings.HasSuffix(s, "g"), strings.HasSuffix(s, "G"):
+		unit = 1 << 30
+	}
+	digits := s
+	if unit > 1 {
+		digits = s[:len(s)-1]
+	}
+	n, err := strconv.Atoi(digits)
+	if err != nil || n <= 0 || n > math.MaxInt/unit {
+		return 0, fmt.Errorf("%q is not a size (bytes, or a number with k, m or g)", s)
+	}
+	return n * unit, nil
 }

@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -111,6 +113,44 @@ func TestAdminKeyFromEnvironment(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != want {
 			t.Fatalf("key %q: %d, want %d", key, resp.StatusCode, want)
+		}
+	}
+}
+
+// --standalone-config-size fills like APISIX's dict: a configuration larger than it is
+// answered 500 "failed to save config to shared dict: no memory".
+func TestStandaloneConfigSize(t *testing.T) {
+	url, _, stop := start(t, "--standalone-config-size", "1k")
+	defer stop()
+	putConfig := func(body string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPut, url+"/apisix/admin/configs", strings.NewReader(body))
+		req.Header.Set("X-Digest", body[:20]+strconv.Itoa(len(body)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if status, body := putConfig(`{"routes":[{"id":"r1","uri":"/a"}]}`); status != http.StatusAccepted {
+		t.Fatalf("a small configuration: %d %s", status, body)
+	}
+	big := `{"routes":[{"id":"r1","uri":"/` + strings.Repeat("a", 2000) + `"}]}`
+	if status, body := putConfig(big); status != http.StatusInternalServerError || body != "failed to save config to shared dict: no memory" {
+		t.Fatalf("a configuration over 1k: %d %q", status, body)
+	}
+}
+
+func TestNginxSize(t *testing.T) {
+	for in, want := range map[string]int{"10m": 10 << 20, "512k": 512 << 10, "1G": 1 << 30, "2097152": 2097152} {
+		if got, err := nginxSize(in); err != nil || got != want {
+			t.Errorf("nginxSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "m", "-1m", "0", "10mb", "1.5m", "99999999999999999g"} {
+		if _, err := nginxSize(bad); err == nil {
+			t.Errorf("nginxSize(%q): no error", bad)
 		}
 	}
 }

@@ -58,7 +58,16 @@ type Options struct {
 	// served, so a client that reaches the port at once meets a slow first answer. 0:
 	// ready at once.
 	LoadTime time.Duration
+	// DictSize is the standalone-config shared dict's size in bytes
+	// (nginx_config.meta.lua_shared_dict.standalone-config, default 10m): a PUT whose
+	// encoded document does not fit is answered 500 "failed to save config to shared
+	// dict: no memory" after it was decoded and validated (spec §2 step 8, §11), and
+	// nothing changes. 0: the default 10 MiB.
+	DictSize int
 }
+
+// defaultDictSize is APISIX's default standalone-config dict (10m).
+const defaultDictSize = 10 << 20
 
 // apisixDecodeCost is spec §11's measured cost of get_config() per MiB stored.
 const apisixDecodeCost = 25 * time.Millisecond
@@ -601,6 +610,10 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 		writeText(w, http.StatusInternalServerError, "failed to encode json: "+encErr.Error())
 		return
 	}
+	if len(encoded) > e.dictSize() {
+		writeText(w, http.StatusInternalServerError, "failed to save config to shared dict: no memory")
+		return
+	}
 	e.stored = encoded
 	decoded, _ := decodeCJSON(encoded) // what the dict now holds (numbers at 14 digits)
 	old := e.doc
@@ -633,6 +646,13 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 		e.mu.Lock()
 	}
 	writeLua(w, answer, nil)
+}
+
+func (e *Emulator) dictSize() int {
+	if e.opts.DictSize > 0 {
+		return e.opts.DictSize
+	}
+	return defaultDictSize
 }
 
 // waitParam is PUT's ?wait=<ms> on a data plane that has it (after 3.18, §13); a value

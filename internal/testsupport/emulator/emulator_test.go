@@ -749,3 +749,37 @@ func TestAfter318WaitAndShape(t *testing.T) {
 		t.Fatal("a refused shape changed the stored document")
 	}
 }
+
+// TestDictSize: a document larger than the standalone-config dict is decoded and
+// validated, then refused with APISIX's plain-text 500; nothing is stored and the
+// previous document stays (spec §2 step 8, §11).
+func TestDictSize(t *testing.T) {
+	em, err := New(Options{Version: "3.17.0", AdminKey: key, DictSize: 2048, Now: func() time.Time { return time.Unix(1764441600, 0) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, put(config1, "small").do(t, em), 202, "")
+	before := em.StoredBytes()
+	var routes []string
+	for i := range 40 {
+		routes = append(routes, fmt.Sprintf(`{"id":"r%d","uri":"/r%d","upstream":{"nodes":{"127.0.0.1:1980":1},"type":"roundrobin"}}`, i, i))
+	}
+	big := `{"routes_conf_version":2,"routes":[` + strings.Join(routes, ",") + `]}`
+	resp := put(big, "big").do(t, em)
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type %q, want the Admin API's application/json (spec §1.2) over a text body", ct)
+	}
+	expect(t, resp, 500, "failed to save config to shared dict: no memory")
+	if em.StoredBytes() != before {
+		t.Fatalf("stored %d bytes after the refusal, want the previous %d", em.StoredBytes(), before)
+	}
+	doc, resp := getDoc(t, em)
+	if resp.Header.Get("X-Digest") != "small" || len(doc["routes"].([]any)) != 1 {
+		t.Fatalf("after the refusal: digest %q, doc %v", resp.Header.Get("X-Digest"), doc)
+	}
+	if c := em.Costs(); c.Rejected != 1 || c.ItemsValidated < 41 {
+		t.Fatalf("costs %+v: the refused document was not validated, or not counted rejected", c)
+	}
+	em2, _ := New(Options{Version: "3.17.0", AdminKey: key, Now: func() time.Time { return time.Unix(1764441600, 0) }})
+	expect(t, put(big, "big").do(t, em2), 202, "") // the default 10m takes it
+}
