@@ -92,12 +92,13 @@ type stackOptions struct {
 	fallbackAnswer proxy.FallbackAnswer
 	fallbackBudget time.Duration // 0: the contract's 10 s
 	skipItemLists  bool          // the benchmarks' baseline without the ids each sync touched
+	dictSize       int           // the emulator's standalone-config dict (0: APISIX's 10m)
 }
 
 func newStack(t testing.TB, o stackOptions) *stack {
 	t.Helper()
 	dpSrv := apisixtest.Start(t, apisixtest.Options{Wrap: o.wrap, Emulator: emulator.Options{Version: o.version, AdminKey: adminKey,
-		FillDefaults: o.fillDefaults, AppliedLag: o.appliedLag, DecodeCost: o.decodeCost}})
+		FillDefaults: o.fillDefaults, AppliedLag: o.appliedLag, DecodeCost: o.decodeCost, DictSize: o.dictSize}})
 	em := dpSrv.Emulator
 	s := &stack{em: em, logs: &syncBuffer{}, dp: dpSrv}
 	timeout := o.timeout

@@ -28,7 +28,20 @@ type Metrics struct {
 	FallbackPuts      *prometheus.CounterVec
 	HeldBackItems     *prometheus.GaugeVec
 	OutOfBandWrites   *prometheus.CounterVec
+	ConfigTooBig      *prometheus.CounterVec
+	ConfigTooBigBytes prometheus.Gauge
 }
+
+// ConfigTooBigBy is a value of confshim_config_too_big_total{answered_by}: who found
+// that the configuration does not fit APISIX's standalone-config dict.
+type ConfigTooBigBy string
+
+// APISIX refused it (it decoded and validated all of it first); confshim answered a
+// repeat of it without sending it.
+const (
+	TooBigByAPISIX   ConfigTooBigBy = "apisix"
+	TooBigByConfshim ConfigTooBigBy = "confshim"
+)
 
 // Label values are typed, so that a typo is a compile error, not a new series.
 
@@ -175,6 +188,10 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			"Configs PUTs corrected after APISIX rejected an item (--fallback backfill), by result (applied, rejected, unavailable).", "result"),
 		OutOfBandWrites: counterVec("out_of_band_writes_total",
 			"Sections confshim learnt were written behind it, straight on the data plane (a version conflict, the watch's look, a re-read before a PUT), by section.", "section"),
+		ConfigTooBig: counterVec("config_too_big_total",
+			"Configs PUTs that do not fit APISIX's standalone-config shared dict, by who answered (apisix: it refused the configuration; confshim: the same configuration again on the same data plane within a minute, not sent).", "answered_by"),
+		ConfigTooBigBytes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "config_too_big_bytes",
+			Help: "Size of the last configuration APISIX could not store, as sent; 0 once a sync lands."}),
 		HeldBackItems: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "held_back_items",
 			Help: "Items held back (backfilled or left out) in the last accepted sync, by section."}, []string{"section"}),
 		ReseedDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -190,7 +207,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Requests, m.SectionRewrites, m.ConflictRetries, m.UpstreamErrors,
 		m.ClientDisconnects, m.RequestDuration, m.RewriteDuration, m.Untouched, m.Refused,
-		m.NoopPuts, m.ThinnedBytes, m.Reseeds, m.ReseedDuration, m.FallbackPuts, m.HeldBackItems, m.OutOfBandWrites, buildInfo,
+		m.NoopPuts, m.ThinnedBytes, m.Reseeds, m.ReseedDuration, m.FallbackPuts, m.HeldBackItems, m.OutOfBandWrites, m.ConfigTooBig, m.ConfigTooBigBytes, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, k := range UpstreamErrorKinds {
 		m.UpstreamErrors.WithLabelValues(string(k))
@@ -206,6 +223,9 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	}
 	for _, r := range FallbackResults {
 		m.FallbackPuts.WithLabelValues(string(r))
+	}
+	for _, by := range []ConfigTooBigBy{TooBigByAPISIX, TooBigByConfshim} {
+		m.ConfigTooBig.WithLabelValues(string(by))
 	}
 	for _, s := range SectionLabels() {
 		m.HeldBackItems.WithLabelValues(s)

@@ -234,6 +234,7 @@ func (pr *putRequest) conclude(f *syncmachine.Final) *clientAnswer {
 	}
 	s.notes.count(f.Res, f.Sent, f.Answer)
 	if f.Accepted() {
+		s.m.ConfigTooBigBytes.Set(0)
 		if !s.skipItemLists {
 			pr.touched = f.Touched
 		}
@@ -264,6 +265,8 @@ func (pr *putRequest) failed(f *syncmachine.Failure) {
 		writeError(w, http.StatusServiceUnavailable, "the data plane lost its configuration and restoring the kept one did not succeed yet; nothing was forwarded, retry")
 	case f.Kind == syncmachine.FailUpstream:
 		s.upstreamFailed(w, r, f.Err, f.What)
+	case f.Kind == syncmachine.FailTooBig:
+		s.tooBig(w, f, time.Now())
 	default:
 		s.stateReadFailed(w, r, f.Err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/internal/dataplane"
+	"github.com/confshim/confshim/internal/syncmachine"
 	"github.com/confshim/confshim/rewrite"
 )
 
@@ -70,6 +71,18 @@ type DebugConfig struct {
 	HeldBack []DebugHeld `json:"held_back,omitempty"`
 	// OutOfBand are the last out-of-band writes confshim learnt, newest last.
 	OutOfBand []DebugOutOfBand `json:"out_of_band_writes"`
+	// TooBig is the last configuration APISIX could not store (its standalone-config
+	// dict is smaller), until a sync lands; absent otherwise.
+	TooBig *DebugTooBig `json:"config_too_big,omitempty"`
+}
+
+// DebugTooBig is a configuration APISIX refused for its size: when, how big as sent,
+// the setting to raise, and before when the same configuration is not sent again.
+type DebugTooBig struct {
+	At             time.Time `json:"at"`
+	Bytes          int       `json:"bytes"`
+	Setting        string    `json:"setting"`
+	RetryNotBefore time.Time `json:"retry_not_before"`
 }
 
 // DebugHeld is one item held back: replaced by its accepted copy (backfilled) or left out.
@@ -413,6 +426,9 @@ func (d *debugLog) document(f debugFacts) *DebugConfig {
 	d.mu.Unlock()
 	sort.Slice(doc.Merge, func(i, j int) bool { return doc.Merge[i].Section < doc.Merge[j].Section })
 
+	if o := belief.Oversized; o != nil {
+		doc.TooBig = &DebugTooBig{At: o.At, Bytes: o.Bytes, Setting: dictSetting, RetryNotBefore: o.At.Add(syncmachine.OversizedPatience)}
+	}
 	doc.DataPlane.Server, doc.DataPlane.Trust = f.server, f.trust
 	if !f.lastAnswerAt.IsZero() {
 		t := f.lastAnswerAt

@@ -48,6 +48,7 @@ type Belief struct {
 
 	held       map[string]Held // §8.5: the items held back in the last accepted sync
 	correction *Correction     // and the correction made before that PUT
+	oversized  *Oversized      // the last configuration APISIX could not store (nil: none since a PUT landed)
 
 	keep       bool
 	kept       *Kept
@@ -65,8 +66,9 @@ type Belief struct {
 type Snapshot struct {
 	Digest, LastModified string
 	Kept                 *Kept
-	Keeps                bool   // re-seeding is on, so a configuration is kept
-	StateFile            string // the state file's path ("" without a state dir)
+	Keeps                bool       // re-seeding is on, so a configuration is kept
+	StateFile            string     // the state file's path ("" without a state dir)
+	Oversized            *Oversized // the last configuration APISIX could not store (nil: none)
 }
 
 // Move is a section's version as confshim believed it and as a read found it.
@@ -135,7 +137,7 @@ func (b *Belief) publish() {
 	if b.state != nil {
 		b.shownDigest, b.shownLastModified = b.digest, b.lastModify
 	}
-	b.snap.Store(&Snapshot{Digest: b.shownDigest, LastModified: b.shownLastModified, Kept: b.kept, Keeps: b.keep, StateFile: b.statePath})
+	b.snap.Store(&Snapshot{Digest: b.shownDigest, LastModified: b.shownLastModified, Kept: b.kept, Keeps: b.keep, StateFile: b.statePath, Oversized: b.oversized})
 }
 
 // Snapshot is the belief as last published, read without the lock.
@@ -151,6 +153,7 @@ type View struct {
 	Kept                 *Kept           // the kept configuration (nil: none)
 	Held                 map[string]Held // the items held back in the last accepted sync (do not change)
 	Correction           *Correction     // the correction made before that PUT (nil: none)
+	Oversized            *Oversized      // the last configuration APISIX could not store (nil: none)
 	trustedConn          uint64
 }
 
@@ -158,7 +161,7 @@ type View struct {
 func (t *Tx) View() View {
 	b := t.b
 	return View{State: b.state, Digest: b.digest, LastModified: b.lastModify, Record: b.record, Owned: b.owned,
-		Kept: b.kept, Held: b.held, Correction: b.correction, trustedConn: b.trustedConn}
+		Kept: b.kept, Held: b.held, Correction: b.correction, Oversized: b.oversized, trustedConn: b.trustedConn}
 }
 
 // KeptState is the state believed with its items taken from the kept configuration,
@@ -313,6 +316,7 @@ func (t *Tx) Answered(o Outcome) (unowned []rewrite.MergeReport) {
 	defer b.publish()
 	if o.Status/100 == 2 {
 		defer b.accepted(o) // after the record and the state: a fallback's part amends them
+		b.oversized = nil   // a configuration that fits landed
 	}
 	if o.Status/100 == 2 && b.keep {
 		b.keepAfter(o)

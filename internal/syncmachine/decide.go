@@ -346,6 +346,9 @@ func (s *Sync) send() Action {
 		s.putBuffer()
 		return s.end(nil)
 	}
+	if o := s.refusedAgain(); o != nil {
+		return s.fail(Failure{Kind: FailTooBig, Oversized: o, Repeat: true, RetryAt: o.At.Add(OversizedPatience)})
+	}
 	v := s.tx.View()
 	out := outgoing(s.body.in, s.round.res, v.Digest)
 	if len(s.body.held) > 0 && s.body.in.HasDigest && !out.SetDigest {

@@ -37,6 +37,9 @@ func (s *Sync) putAnswered(ev Event) Action {
 	if s.second.deciding {
 		return s.end(nil) // the second PUT refused: the sync ends on what it applied
 	}
+	if apisix.IsDictFull(ans) {
+		return s.tooBig(s.round.sent)
+	}
 	s.rejection = ans
 	if s.fallbackApplies(ans) {
 		return s.startFallback(ans)
@@ -418,6 +421,9 @@ func (s *Sync) correctedAnswered(ev Event) Action {
 		return s.accepted(ans, o, fb.next)
 	}
 	s.refused(ans)
+	if apisix.IsDictFull(ans) {
+		return s.tooBig(fb.next)
+	}
 	if ans.Status == http.StatusBadRequest && !s.conn.HasValidate && apisix.ItemLevel(ans.Body) {
 		// 3.13/3.14 name one item a PUT: the next round holds that one too
 		fb.round++

@@ -5,8 +5,10 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/confshim/confshim/internal/apisix"
+	"github.com/confshim/confshim/internal/dataplane"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -45,6 +47,11 @@ type Failure struct {
 	Kind FailureKind
 	Err  error
 	What string // FailUpstream: what got no answer
+	// FailTooBig: the configuration APISIX could not store, whether this sync sent it
+	// (Repeat false) or it was refused at Oversized.At and not sent again before RetryAt
+	Oversized *dataplane.Oversized
+	Repeat    bool
+	RetryAt   time.Time
 }
 
 // FailureKind says which of confshim's own answers a failure gets (contract §6).
@@ -55,6 +62,7 @@ const (
 	FailReseedPending                        // 503: the emptied data plane could not be re-seeded first
 	FailStateRead                            // 502/504: the state could not be read; nothing forwarded
 	FailUpstream                             // 502/504: a PUT got no answer
+	FailTooBig                               // 500: APISIX cannot store a configuration this size
 )
 
 // Accepted: the client's answer is drawn from a PUT APISIX accepted (the rest of a sync

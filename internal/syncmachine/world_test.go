@@ -44,10 +44,11 @@ const (
 	budgetOut          // the action takes until past the fallback's budget
 	workersSlow        // ?wait: the workers did not apply within it (202, not 200)
 	deadlineOut        // a pause the PUT's deadline ends
+	dictFull           // APISIX validated the PUT but its standalone-config dict is too small
 )
 
 func (a answer) String() string {
-	return [...]string{"natural", "write-before", "fail", "lost-after", "timed-out", "restarted", "budget-out", "workers-slow", "deadline-out"}[a]
+	return [...]string{"natural", "write-before", "fail", "lost-after", "timed-out", "restarted", "budget-out", "workers-slow", "deadline-out", "dict-full"}[a]
 }
 
 // alphabet is every answer an action may get in the enumeration.
@@ -60,7 +61,7 @@ func (w *world) alphabet(act syncmachine.Action) []answer {
 	case syncmachine.Validate:
 		return []answer{natural, writeBefore, fail, budgetOut}
 	case syncmachine.Put:
-		out := []answer{natural, writeBefore, fail, lostAfter, timedOut, restarted, budgetOut}
+		out := []answer{natural, writeBefore, fail, lostAfter, timedOut, restarted, budgetOut, dictFull}
 		if w.sc.wait {
 			out = append(out, workersSlow)
 		}
@@ -140,6 +141,9 @@ type world struct {
 	given   []answer
 	trace   []string
 	fault   string // a check the world makes while it runs
+
+	dictTooSmall bool // every PUT of a sync is answered dictFull (the configuration does not fit)
+	puts         int  // PUTs that reached APISIX in syncs (each costs it a decode of the body)
 }
 
 func newWorld(sc scenario, f flags) *world {
@@ -371,6 +375,12 @@ func (w *world) put(act syncmachine.Put, a answer, in rewrite.Input) syncmachine
 		}
 	}
 	w.lookedSincePut = false
+	if w.dictTooSmall && a == natural {
+		a = dictFull
+	}
+	if a != fail && a != restarted {
+		w.puts++
+	}
 	switch a {
 	case fail:
 		return w.broke(errors.New("connection reset"))
@@ -380,6 +390,10 @@ func (w *world) put(act syncmachine.Put, a answer, in rewrite.Input) syncmachine
 			w.lost[n] = true
 		}
 		return w.broke(errors.New("connection reset by peer"))
+	case dictFull: // APISIX decoded and validated it, then stored nothing
+		w.tick(20 * time.Millisecond)
+		return syncmachine.Event{Now: w.clock, Conn: w.facts(), Took: 20 * time.Millisecond, Answer: &apisix.Answer{Status: http.StatusInternalServerError,
+			Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte("failed to save config to shared dict: no memory")}}
 	}
 	header := http.Header{"Content-Type": {"application/json"}, "X-Digest": {in.Digest}}
 	if act.Out.SetDigest {
