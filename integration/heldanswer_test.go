@@ -44,6 +44,7 @@ func heldIDs(t *testing.T, res *adcclient.Result) []string {
 type onNthPut struct {
 	armed atomic.Int32 // PUTs left to let through, then fn; 0: disarmed
 	fn    func()
+	puts  atomic.Int32 // configs PUTs confshim sent (not the operator's)
 }
 
 func (o *onNthPut) arm(n int32, fn func()) { o.fn = fn; o.armed.Store(n) }
@@ -51,6 +52,7 @@ func (o *onNthPut) arm(n int32, fn func()) { o.fn = fn; o.armed.Store(n) }
 func (o *onNthPut) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/configs") && !strings.HasPrefix(r.Header.Get("X-Digest"), "oob-") {
+			o.puts.Add(1)
 			if o.armed.Load() > 0 && o.armed.Add(-1) == 0 {
 				o.fn()
 			}
@@ -67,17 +69,31 @@ func (o *onNthPut) wrap(next http.Handler) http.Handler {
 // operator's items stayed (its secret always; its rule where global_rules is merged —
 // without --merge the client owns them). The next sync, with r1 fixed, lands it.
 func TestAFallbackDecidedAgainNamesWhatItHeld(t *testing.T) {
-	for _, merge := range [][]string{{"global_rules"}, nil} {
-		t.Run(fmt.Sprintf("merge=%v", merge), func(t *testing.T) {
+	for _, tc := range []struct {
+		merge []string
+		// rightAfter: the operator writes right after the last sync, before this one (the
+		// issue's timing: the PUT decided on the trusted belief meets APISIX's item check
+		// first, the corrected PUT the operator's version); else between the decided
+		// PUT's 400 and the corrected PUT
+		rightAfter bool
+	}{{[]string{"global_rules"}, true}, {nil, true}, {[]string{"global_rules"}, false}, {nil, false}} {
+		t.Run(fmt.Sprintf("merge=%v/right-after=%v", tc.merge, tc.rightAfter), func(t *testing.T) {
+			merge := tc.merge
 			var hook onNthPut
 			s := newStack(t, stackOptions{fallback: true, merge: merge, wrap: hook.wrap})
 			c := s.client(true)
 			mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil), route("r2", "/two", nil))))
-			// the operator's writes land between the decided PUT's 400 and the corrected PUT
-			hook.arm(2, func() { s.writeSecret(t, "op-1"); addPlatformRule(t, s) })
+			operator := func() { s.writeSecret(t, "op-1"); addPlatformRule(t, s) }
+			puts := hook.puts.Load()
+			if tc.rightAfter {
+				operator()
+			} else {
+				hook.arm(2, operator)
+			}
 			res := sync1(t, c, withRoutes(route("r1", "/changed", unknownPlugin), route("r2", "/two", nil), route("r3", "/three", nil)))
-			if hook.armed.Load() != 0 {
-				t.Fatal("the sync sent fewer than two PUTs: the story did not happen")
+			if sent := hook.puts.Load() - puts; hook.armed.Load() != 0 || counter(s.metrics.ConflictRetries) != 1 || sent < 3 {
+				t.Fatalf("confshim sent %d PUTs, conflicts %v: the story (a 400, a corrected PUT that meets the operator's version, the sync decided again) did not happen",
+					sent, counter(s.metrics.ConflictRetries))
 			}
 			if res.Status != http.StatusBadRequest {
 				t.Fatalf("answered %d %s, want the 400 naming r1", res.Status, res.Body)
