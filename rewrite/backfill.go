@@ -12,20 +12,6 @@ import (
 // the data plane last accepted, or left out; every other byte goes to APISIX as the
 // client sent it. The splice works inside a section, item by item.
 
-// SplitItems cuts a section's JSON array into its items, in order (nil for an absent
-// value or an object, which APISIX reads as no items).
-func SplitItems(section string, raw []byte) ([]Item, error) {
-	items, err := splitItems(section, raw)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Item, len(items))
-	for i, it := range items {
-		out[i] = Item{Raw: it.raw, ID: it.id}
-	}
-	return out, nil
-}
-
 // Hold records that the item at index of section is replaced by with (nil: left out).
 func (s *Splice) Hold(section string, index int, with []byte) {
 	if s.Items == nil {
@@ -73,7 +59,7 @@ func (s *Splice) applyTo(body []byte, obj *object) ([]byte, error) {
 		items, ok := s.split[section]
 		if !ok {
 			var err error
-			if items, err = SplitItems(section, body[m.valueStart:m.valueEnd]); err != nil {
+			if items, err = splitItems(section, body[m.valueStart:m.valueEnd]); err != nil {
 				return nil, err
 			}
 		}
@@ -130,10 +116,6 @@ func references(item []byte) []Reference {
 	}
 	return out
 }
-
-// NextVersion is the smallest version above v that APISIX stores as a different number
-// (§5.1); false when none exists below 2^53.
-func NextVersion(v float64) (float64, bool) { return nextStorable(v) }
 
 // ItemFingerprint identifies an item's content as §5.1 compares it (key order,
 // whitespace, escapes and its top-level modifiedIndex do not count).

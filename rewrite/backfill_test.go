@@ -20,7 +20,7 @@ func FuzzBackfill(f *testing.F) {
 			return
 		}
 		raw, _ := prepared.JSONItems("routes")
-		items, err := SplitItems("routes", raw)
+		items, err := splitItems("routes", raw)
 		if err != nil || len(items) == 0 {
 			return
 		}
@@ -39,7 +39,7 @@ func FuzzBackfill(f *testing.F) {
 			t.Fatal(err)
 		}
 		raw2, _ := after.JSONItems("routes")
-		items2, _ := SplitItems("routes", raw2)
+		items2, _ := splitItems("routes", raw2)
 		if len(items2) != len(items)-1 {
 			t.Fatalf("%d items, then %d", len(items), len(items2))
 		}

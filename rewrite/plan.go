@@ -27,7 +27,7 @@ func (pl *Plan) Items(section string) []Item {
 		return items
 	}
 	raw, _ := pl.body.JSONItems(section)
-	items, err := SplitItems(section, raw)
+	items, err := splitItems(section, raw)
 	if err != nil {
 		return nil // not kept: Apply splits it again and says why
 	}
@@ -168,7 +168,7 @@ func (a *Accepted) Lookup(section, id string) ([]byte, bool) {
 	byID, ok := a.sections[section]
 	if !ok {
 		byID = map[string][]byte{}
-		list, _ := SplitItems(section, a.items[section])
+		list, _ := splitItems(section, a.items[section])
 		for _, it := range list {
 			if it.ID != "" {
 				byID[it.ID] = it.Raw

@@ -46,8 +46,8 @@ type Belief struct {
 	// written by an accepted PUT), with no doubt since; 0: not trusted
 	trustedConn uint64
 
-	held       map[string]Held // §8.5: the items held back in the last accepted sync
-	correction *Correction     // and the correction made before that PUT
+	held       map[string]Held     // §8.5: the items held back in the last accepted sync
+	correction *rewrite.Correction // and the correction made before that PUT
 
 	keep       bool
 	kept       *Kept
@@ -148,9 +148,9 @@ type View struct {
 	Digest, LastModified string         // the state's metadata
 	Record               *rewrite.Record
 	Owned                rewrite.Ownership
-	Kept                 *Kept           // the kept configuration (nil: none)
-	Held                 map[string]Held // the items held back in the last accepted sync (do not change)
-	Correction           *Correction     // the correction made before that PUT (nil: none)
+	Kept                 *Kept               // the kept configuration (nil: none)
+	Held                 map[string]Held     // the items held back in the last accepted sync (do not change)
+	Correction           *rewrite.Correction // the correction made before that PUT (nil: none)
 	trustedConn          uint64
 }
 
@@ -297,11 +297,11 @@ type Outcome struct {
 	Conn                 uint64            // the decide connection the answer came on (DecideConn)
 
 	// An accepted answer's fallback (§8.5) and caller:
-	Fallback   bool               // --fallback backfill: Held and Correction are recorded
-	Backfilled []string           // sections whose content is a correction, not the client's decided copy
-	Versions   map[string]float64 // a second step's versions, above the corrected PUT's (nil: none)
-	Held       []Held             // every item held back in this sync
-	Correction *Correction        // the correction made before this PUT, for the same client bytes next time
+	Fallback   bool                // --fallback backfill: Held and Correction are recorded
+	Backfilled []string            // sections whose content is a correction, not the client's decided copy
+	Versions   map[string]float64  // a second step's versions, above the corrected PUT's (nil: none)
+	Held       []Held              // every item held back in this sync
+	Correction *rewrite.Correction // the correction made before this PUT, for the same client bytes next time
 }
 
 // Answered is the one transition per answer to a forwarded PUT: the kept
