@@ -41,7 +41,7 @@ type Config struct {
 	// FallbackAnswer is --fallback-answer: what the client is told when items were held
 	// back ("" is rejection).
 	FallbackAnswer FallbackAnswer
-	// FallbackBudget bounds a sync with fallback work (0: FallbackBudget, 10 s); tests
+	// FallbackBudget bounds a sync with fallback work (0: fallbackBudget, 10 s); tests
 	// shorten it.
 	FallbackBudget  time.Duration
 	MaxBodyBytes    int64         // larger request bodies get 413
@@ -130,7 +130,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.api = api
 	p.dp = p.loadBelief()
-	p.states = &stateReader{api: api, trust: cfg.TrustConnection, loopback: IsLoopback(u), stateLimit: 4 * cfg.MaxBodyBytes, notes: p.notes}
+	p.states = &stateReader{api: api, trust: cfg.TrustConnection, loopback: isLoopback(u), stateLimit: 4 * cfg.MaxBodyBytes, notes: p.notes}
 	if cfg.ReseedInterval > 0 {
 		p.watch = reseed.New(reseed.Config{Interval: cfg.ReseedInterval, SafetyInterval: cfg.WatchSafetyInterval, AdminKey: cfg.AdminKey,
 			API: api, Belief: p.dp, Metrics: cfg.Metrics, Log: cfg.Logger, Host: watchHost{p}})
@@ -174,7 +174,7 @@ func (cfg *Config) defaults() {
 		cfg.BodyBudgetWait = 10 * time.Second
 	}
 	if cfg.FallbackBudget <= 0 {
-		cfg.FallbackBudget = FallbackBudget
+		cfg.FallbackBudget = fallbackBudget
 	}
 	if cfg.FallbackAnswer == "" {
 		cfg.FallbackAnswer = AnswerRejection
@@ -414,10 +414,10 @@ func (p *Proxy) noteAnswer(status int) {
 func (p *Proxy) TrustConnection() (trusted bool, why string) { return p.states.trustReason() }
 
 // DebugConfig builds the /debug/config document.
-func (p *Proxy) DebugConfig() *DebugConfig {
+func (p *Proxy) DebugConfig() *debugConfig {
 	trusted, why := p.states.trustReason()
 	f := debugFacts{url: credentialFreeURL(p.upstream), belief: p.dp.Snapshot(),
-		server: p.api.Server(), trust: DebugTrust{Mode: string(p.cfg.TrustConnection), Trusted: trusted, Why: why, Intermediary: p.api.Intermediary()}}
+		server: p.api.Server(), trust: debugTrust{Mode: string(p.cfg.TrustConnection), Trusted: trusted, Why: why, Intermediary: p.api.Intermediary()}}
 	if at := p.lastAnswer.Load(); at != 0 {
 		f.lastAnswerAt = time.Unix(0, at)
 	}

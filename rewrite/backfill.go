@@ -13,7 +13,7 @@ import (
 // client sent it. The splice works inside a section, item by item.
 
 // Hold records that the item at index of section is replaced by with (nil: left out).
-func (s *Splice) Hold(section string, index int, with []byte) {
+func (s *itemSplice) Hold(section string, index int, with []byte) {
 	if s.Items == nil {
 		s.Items = map[string]map[int][]byte{}
 	}
@@ -24,14 +24,14 @@ func (s *Splice) Hold(section string, index int, with []byte) {
 }
 
 // Held reports whether section's item at index is held back.
-func (s *Splice) Held(section string, index int) bool {
+func (s *itemSplice) Held(section string, index int) bool {
 	_, ok := s.Items[section][index]
 	return ok
 }
 
 // Apply writes body with the splice applied: only the held items and the set versions
 // differ from body's bytes. body must be a JSON object (YAML is never backfilled).
-func (s *Splice) Apply(body []byte) ([]byte, error) {
+func (s *itemSplice) Apply(body []byte) ([]byte, error) {
 	obj, err := scanObject(body, make([]member, 0, 32))
 	if err != nil {
 		return nil, fmt.Errorf("backfill: %w", err)
@@ -43,7 +43,7 @@ func (s *Splice) Apply(body []byte) ([]byte, error) {
 }
 
 // applyTo is Apply on a body already scanned and indexed as obj (obj is only read).
-func (s *Splice) applyTo(body []byte, obj *object) ([]byte, error) {
+func (s *itemSplice) applyTo(body []byte, obj *object) ([]byte, error) {
 	e := edits{newValue: make([][]byte, len(obj.members)), drop: make([]bool, len(obj.members))}
 	sections := make([]string, 0, len(s.Items))
 	for section := range s.Items {
@@ -97,7 +97,7 @@ func (s *Splice) applyTo(body []byte, obj *object) ([]byte, error) {
 // References lists an item's references by id, by a scan of its top-level members (no
 // decode: a fallback looks at every item of the PUT). A field given twice counts as
 // lua-cjson reads it: the last one.
-func references(item []byte) []Reference {
+func references(item []byte) []reference {
 	// the reference fields APISIX resolves by id (not checked on a PUT), from the table
 	// of sections
 	found := make([][]byte, len(sections.Table))
@@ -108,10 +108,10 @@ func references(item []byte) []Reference {
 			}
 		}
 	})
-	var out []Reference
+	var out []reference
 	for i, s := range sections.Table {
 		if id := idText(found[i]); id != "" {
-			out = append(out, Reference{Section: s.Name, ID: id})
+			out = append(out, reference{Section: s.Name, ID: id})
 		}
 	}
 	return out

@@ -242,7 +242,7 @@ func (t *Tx) Read(st *rewrite.State, digest, lastModified string, noHead bool, c
 	if b.keep && st.ItemsKnown && lastModified != "" && !b.keptDescribes(digest, lastModified) {
 		// a read shows the data plane as it is: a re-seed must never put back less
 		// than confshim has seen (§8.4), whatever the sync that read it does next
-		b.setKept(KeptFromState(st, digest, lastModified, b.owned))
+		b.setKept(keptFromState(st, digest, lastModified, b.owned))
 	}
 	return moved
 }
@@ -367,7 +367,7 @@ func (b *Belief) keepAfter(o Outcome) {
 			return
 		}
 		if b.state != nil && b.state.ItemsKnown && b.lastModify != "" {
-			b.setKept(KeptFromState(b.state, b.digest, b.lastModify, b.owned))
+			b.setKept(keptFromState(b.state, b.digest, b.lastModify, b.owned))
 		} else {
 			b.forgetKept() // someone else wrote: the watch reads it back
 		}
@@ -439,7 +439,7 @@ func (t *Tx) Refreshed(st *rewrite.State, digest, lastModified string, noHead bo
 	b := t.b
 	defer b.publish()
 	moved := b.read(st, digest, lastModified, noHead, conn)
-	b.setKept(KeptFromState(st, digest, lastModified, b.owned))
+	b.setKept(keptFromState(st, digest, lastModified, b.owned))
 	b.refreshDue.Store(false)
 	return moved
 }

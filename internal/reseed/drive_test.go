@@ -129,7 +129,7 @@ func each(d time.Duration) func(int) time.Duration { return func(int) time.Durat
 
 // perMB is a real APISIX's look: a decode of the stored document at 25 ms per MB
 // (spec §11).
-func perMB(stored int) time.Duration { return SizeCost(stored) }
+func perMB(stored int) time.Duration { return sizeCost(stored) }
 
 // drive starts a watcher whose clock moves interval per tick and, per look (a HEAD of
 // the configuration, which costs APISIX a decode), what lookCost says for the bytes
