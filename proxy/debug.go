@@ -451,7 +451,7 @@ func (d *debugLog) document(f debugFacts) *debugConfig {
 	return doc
 }
 
-// DebugHandler serves /debug/config; ?id=<id> answers only the recent syncs that
+// debugHandler serves /debug/config; ?id=<id> answers only the recent syncs that
 // touched that id (added, changed, removed or held back, in any section).
 func debugHandler(document func() *debugConfig) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -97,7 +97,7 @@ func sectionItems(sections []debugSection, name string) *int {
 	return nil
 }
 
-// clipString bounds what a client or APISIX put in the document.
+// TestClipString: clipString bounds what a client or APISIX put in the document.
 func TestClipString(t *testing.T) {
 	for _, tc := range []struct {
 		in   string

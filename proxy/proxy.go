@@ -53,13 +53,15 @@ type Config struct {
 	BodyBudgetWait  time.Duration
 	// ReadyWindow: one upstream answer keeps Ready true this long (0: 10 s, contract §7).
 	ReadyWindow time.Duration
-	// ReseedInterval is how often the data plane is checked for a lost configuration
-	// (0: never); StateDir, when set, also keeps the configuration on disk.
+	// ReseedInterval is --reseed-interval: how often the watch (internal/reseed) pings
+	// the data plane to notice a restart; it looks at the configuration on a sign of one
+	// and as often as the look's cost allows, and re-seeds it when lost. 0: no watch and
+	// no kept configuration. StateDir, when set, also keeps the configuration on disk.
 	ReseedInterval time.Duration
 	StateDir       string
 	// WatchSafetyInterval is the longest the watch goes without looking at the
-	// configuration (0: a minute); between --reseed-interval and it, the looks follow
-	// their cost (reseed.Watcher.LookInterval). Tests compress it.
+	// configuration (0: a minute); between ReseedInterval and it, the looks follow their
+	// cost (the watcher's lookInterval). Tests compress it.
 	WatchSafetyInterval time.Duration
 	// AllowCIDRs, when not empty, is who may talk to the Admin API through confshim,
 	// checked against the TCP peer (never X-Forwarded-For).

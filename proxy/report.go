@@ -48,7 +48,7 @@ func (n notes) decision(res *rewrite.Result) {
 	ev.Bool("noop", res.NoOp).Msg("configs PUT repaired")
 }
 
-// noteMoves counts, logs and shows the out-of-band writes a read showed (moves from
+// moves counts, logs and shows the out-of-band writes a read showed (moves from
 // the belief's Read).
 func (n notes) moves(moves []dataplane.Move, how string) {
 	if len(moves) == 0 {

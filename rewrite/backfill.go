@@ -94,7 +94,7 @@ func (s *itemSplice) applyTo(body []byte, obj *object) ([]byte, error) {
 	return e.apply(nil, body, obj), nil
 }
 
-// References lists an item's references by id, by a scan of its top-level members (no
+// references lists an item's references by id, by a scan of its top-level members (no
 // decode: a fallback looks at every item of the PUT). A field given twice counts as
 // lua-cjson reads it: the last one.
 func references(item []byte) []reference {

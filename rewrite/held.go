@@ -13,8 +13,8 @@ import (
 // APISIX is known to reject (held again at once, or validated alone first when the
 // rejection depends on what the data plane holds), when the last correction serves
 // again as it is, which accepted copies must be validated before they backfill, and
-// how held items are named in a digest. The fallback asks, sends and waits; it decides
-// nothing of this itself.
+// how held items are named in a digest. The fallback (internal/syncmachine) asks, sends
+// and waits; it decides nothing of this itself.
 
 // HeldItem is one item held back: what the client's answer names, and what the next
 // syncs need to hold it again.

@@ -38,7 +38,7 @@ func fmix(h uint64) uint64 {
 	return h
 }
 
-// OrderFree reports whether section's items are compared as a set (§8.1, the table of
+// orderFree reports whether section's items are compared as a set (§8.1, the table of
 // sections): a section confshim does not know keeps its order.
 func orderFree(section string) bool {
 	s, _ := sections.Lookup(section)

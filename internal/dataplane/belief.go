@@ -2,10 +2,11 @@
 // the state it last read or wrote (versions, items when known, digest and
 // X-Last-Modified), whether that belief is still proven, the record of its own last
 // accepted write (§5.1's "unchanged"), the memory of merge ownership (§8.6), the
-// versions an out-of-band write would be measured against (§7), and the configuration
-// kept for re-seeding (§8.4) with its state file. It owns the PUT lock: every
-// transition runs under it, one call per answer from the data plane. It does no network
-// I/O; a lock-free snapshot feeds /debug/config.
+// versions an out-of-band write would be measured against (§7), the configuration
+// kept for re-seeding (§8.4) with its state file, and the fallback's memory: the items
+// held back in the last accepted sync and the correction made before its PUT (§8.5).
+// It owns the PUT lock: every transition runs under it, one call per answer from the
+// data plane. It does no network I/O; a lock-free snapshot feeds /debug/config.
 package dataplane
 
 import (
@@ -29,8 +30,8 @@ type Options struct {
 }
 
 // Belief is confshim's belief about the data plane. What it holds is read and changed
-// only through the Tx its lock returns; Snapshot, RefreshDue and the state file's
-// writer need no lock.
+// only through the Tx its lock returns; Snapshot, SawState, RefreshDue and the state
+// file's writer need no lock.
 type Belief struct {
 	lock chan struct{}
 
@@ -203,8 +204,9 @@ func (v View) HeldItem(section, id string) (Held, bool) {
 // Confirm: the state was just confirmed on conn.
 func (t *Tx) Confirm(conn uint64) { b := t.b; b.trustedConn = conn }
 
-// Distrust: a sign of doubt (a failed ping, a re-opened connection, another Server, a
-// PUT not accepted): the next sync reads first.
+// Distrust: the watch saw a sign of doubt (a failed ping, a re-opened connection,
+// another Server): the next sync reads first. (An answer that is not an accepted PUT
+// ends the trust in Answered.)
 func (t *Tx) Distrust() { b := t.b; b.trustedConn = 0 }
 
 // setState changes the state; like every unexported mutator it publishes nothing: each
@@ -401,7 +403,7 @@ func (b *Belief) noteMerges(res *rewrite.Result) []rewrite.MergeReport {
 	return out
 }
 
-// Backfilled records what a fallback (§8.5) changed after an accepted PUT: the record
+// backfilled records what a fallback (§8.5) changed after an accepted PUT: the record
 // forgets the sections whose content is a correction, not the client's decided copy;
 // a second step that moved versions past the decision's leaves the state to be read
 // again and the kept configuration to be read back.

@@ -201,7 +201,7 @@ func (d *driven) store(t *testing.T, body string) {
 }
 
 // TestWatchLooksFollowTheirCost: over 1.5 s of idle by the watch's clock, it looks at
-// the configuration as often as its cost allows (LookInterval), never more often than
+// the configuration as often as its cost allows (lookInterval), never more often than
 // each tick and at least once per safety interval, and pings at every tick.
 func TestWatchLooksFollowTheirCost(t *testing.T) {
 	const interval, idleTicks = 10 * time.Millisecond, 150

@@ -196,7 +196,7 @@ func TestLookCostIsJudgedBeforeTheLook(t *testing.T) {
 	if got := w.lookCost(&st); got != 275*time.Millisecond {
 		t.Fatalf("11 MB kept: %v, want 275ms before any look", got)
 	}
-	if got := w.LookInterval(w.lookCost(&st)); got != time.Minute {
+	if got := w.lookInterval(w.lookCost(&st)); got != time.Minute {
 		t.Fatalf("11 MB: a look every %v", got)
 	}
 	st.latency = nextLatency(st.latency, 400*time.Millisecond) // one slow answer

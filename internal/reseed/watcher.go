@@ -12,7 +12,7 @@
 //     configs HEAD that tells an empty data plane is asked on such evidence (the ping
 //     had to open a new connection, failed, or saw another Server version), when the
 //     kept configuration could not be derived, and otherwise as often as a cost budget
-//     allows (LookInterval): between --reseed-interval and once a minute. A look's cost
+//     allows (lookInterval): between --reseed-interval and once a minute. A look's cost
 //     is judged before it is sent, from the stored document's size confshim knows (the
 //     kept configuration: what it last forwarded in an accepted PUT, read or re-seeded),
 //     so the budget holds in the minutes right after a sync grew the configuration.
@@ -147,7 +147,7 @@ func (w *Watcher) credentials() (apisix.Credentials, bool) {
 	return *creds, true
 }
 
-// LookInterval is how long the watch waits between looks with nothing suspicious seen,
+// lookInterval is how long the watch waits between looks with nothing suspicious seen,
 // for looks that cost APISIX cost each: as often as the budget allows in every minute,
 // never more often than --reseed-interval, at least once per safety interval (a
 // minute). Looks at least budgetWindow/k apart put at most k of them in any minute, so
@@ -155,7 +155,7 @@ func (w *Watcher) credentials() (apisix.Credentials, bool) {
 // (cost / budget would let two looks of 0.15–0.24 s fall into one minute). A few
 // hundred routes are looked at every second; 10,000 (≈ 70 ms) every 20 s; 40,000
 // (≈ 0.28 s) once a minute.
-func (w *Watcher) LookInterval(cost time.Duration) time.Duration {
+func (w *Watcher) lookInterval(cost time.Duration) time.Duration {
 	d := w.cfg.SafetyInterval
 	if cost <= 0 {
 		d = w.cfg.Interval
@@ -261,7 +261,7 @@ func (w *Watcher) tick(ctx context.Context, st *watchState, at time.Time) bool {
 		st.suspect = true // a new connection, or another APISIX answering
 	}
 	st.lastServer = server
-	if !st.suspect && !b.RefreshDue() && at.Sub(st.lastCheck) < w.LookInterval(w.lookCost(st)) {
+	if !st.suspect && !b.RefreshDue() && at.Sub(st.lastCheck) < w.lookInterval(w.lookCost(st)) {
 		return true
 	}
 	w.cfg.Log.Debug().Str("event", "watch").Bool("suspect", st.suspect).Msg("looking at the data plane's configuration")
