@@ -144,7 +144,7 @@ func (m *contractModel) wantClient(d desired, section string) string {
 	return wantItems(adcclient.Config{section: items}, section)
 }
 
-// operatorItems is the operator's items at write n (none before the first).
+// operatorSecret and operatorRule are the operator's items at write n.
 func operatorSecret(n int) map[string]any { return secretItem("vault/1", fmt.Sprintf("op-%d", n)) }
 func operatorRule(n int) map[string]any   { return rule("platform-tracing", "zipkin", n) }
 

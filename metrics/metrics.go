@@ -70,8 +70,8 @@ const (
 	UntouchedInvalid UntouchedReason = "invalid" // not parseable, or a non-numeric version: APISIX rejects it whole
 )
 
-// UntouchedReasons are the values of confshim_configs_put_untouched_total{reason}.
-var UntouchedReasons = []UntouchedReason{UntouchedRefused, UntouchedEncoded, UntouchedInvalid}
+// untouchedReasons are the values of confshim_configs_put_untouched_total{reason}.
+var untouchedReasons = []UntouchedReason{UntouchedRefused, UntouchedEncoded, UntouchedInvalid}
 
 // RefusedReason is a value of confshim_refused_requests_total{reason}.
 type RefusedReason string
@@ -84,8 +84,8 @@ const (
 	RefusedUnrepairable RefusedReason = "unrepairable"
 )
 
-// RefusedReasons are the values of confshim_refused_requests_total{reason}.
-var RefusedReasons = []RefusedReason{RefusedAllowCIDRs, RefusedUpgrade, RefusedBodyBudget, RefusedUnrepairable}
+// refusedReasons are the values of confshim_refused_requests_total{reason}.
+var refusedReasons = []RefusedReason{RefusedAllowCIDRs, RefusedUpgrade, RefusedBodyBudget, RefusedUnrepairable}
 
 // ReseedResult is a value of confshim_reseeds_total{result}.
 type ReseedResult string
@@ -97,8 +97,8 @@ const (
 	ReseedSkipped  ReseedResult = "skipped"
 )
 
-// ReseedResults are the values of confshim_reseeds_total{result}.
-var ReseedResults = []ReseedResult{ReseedRestored, ReseedFailed, ReseedSkipped}
+// reseedResults are the values of confshim_reseeds_total{result}.
+var reseedResults = []ReseedResult{ReseedRestored, ReseedFailed, ReseedSkipped}
 
 // FallbackResult is a value of confshim_fallback_puts_total{result} (contract §8.5).
 type FallbackResult string
@@ -110,8 +110,8 @@ const (
 	FallbackUnavailable FallbackResult = "unavailable" // APISIX could not say which items (validate failed)
 )
 
-// FallbackResults are the values of confshim_fallback_puts_total{result}.
-var FallbackResults = []FallbackResult{FallbackApplied, FallbackRejected, FallbackUnavailable}
+// fallbackResults are the values of confshim_fallback_puts_total{result}.
+var fallbackResults = []FallbackResult{FallbackApplied, FallbackRejected, FallbackUnavailable}
 
 // Route is a value of the route label.
 type Route string
@@ -122,8 +122,8 @@ const (
 	RoutePassthrough Route = "passthrough"
 )
 
-// Routes are the values of the route label.
-var Routes = []Route{RouteConfigsPut, RoutePassthrough}
+// routes are the values of the route label.
+var routes = []Route{RouteConfigsPut, RoutePassthrough}
 
 // UpstreamError counts an upstream request that got no HTTP answer.
 func (m *Metrics) UpstreamError(k UpstreamErrorKind) {
@@ -212,16 +212,16 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	for _, k := range UpstreamErrorKinds {
 		m.UpstreamErrors.WithLabelValues(string(k))
 	}
-	for _, r := range UntouchedReasons {
+	for _, r := range untouchedReasons {
 		m.Untouched.WithLabelValues(string(r))
 	}
-	for _, r := range RefusedReasons {
+	for _, r := range refusedReasons {
 		m.Refused.WithLabelValues(string(r))
 	}
-	for _, r := range ReseedResults {
+	for _, r := range reseedResults {
 		m.Reseeds.WithLabelValues(string(r))
 	}
-	for _, r := range FallbackResults {
+	for _, r := range fallbackResults {
 		m.FallbackPuts.WithLabelValues(string(r))
 	}
 	for _, by := range []ConfigTooBigBy{TooBigByAPISIX, TooBigByConfshim} {
@@ -232,11 +232,11 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		m.OutOfBandWrites.WithLabelValues(s)
 	}
 	for _, s := range append(SectionLabels(), "other") {
-		for _, a := range ActionLabels {
+		for _, a := range actionLabels {
 			m.SectionRewrites.WithLabelValues(s, a)
 		}
 	}
-	for _, r := range Routes {
+	for _, r := range routes {
 		route := string(r)
 		m.RequestDuration.WithLabelValues(route)
 		for _, code := range []string{"200", "202", "204", "400", "401", "403", "413", "502", "503", "504"} {
@@ -250,9 +250,9 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	return m
 }
 
-// ActionLabels are the header words a rewrite reports; a test holds them equal to the
+// actionLabels are the header words a rewrite reports; a test holds them equal to the
 // rewrite package's. The section labels are the table of sections' (internal/sections).
-var ActionLabels = []string{"raised", "bumped", "preserved", "settled", "merged", "backfilled"}
+var actionLabels = []string{"raised", "bumped", "preserved", "settled", "merged", "backfilled"}
 
 // SectionLabels are the values a section label takes besides "other": the known sections.
 func SectionLabels() []string { return sections.Names() }

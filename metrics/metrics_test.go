@@ -58,7 +58,7 @@ func TestLabelsFollowTheRewrite(t *testing.T) {
 	for _, a := range rewrite.AllActions {
 		actions = append(actions, string(a))
 	}
-	if !slices.Equal(ActionLabels, actions) {
-		t.Fatalf("ActionLabels %v, rewrite.AllActions %v", ActionLabels, actions)
+	if !slices.Equal(actionLabels, actions) {
+		t.Fatalf("ActionLabels %v, rewrite.AllActions %v", actionLabels, actions)
 	}
 }

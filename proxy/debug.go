@@ -55,38 +55,38 @@ func correlationOf(r *http.Request) correlation {
 		RequestID:   clipString(r.Header.Get("X-Request-Id"), maxCorrelationBytes)}
 }
 
-// DebugConfig is the document; field names are stable (operators script against them).
-type DebugConfig struct {
+// debugConfig is the document; field names are stable (operators script against them).
+type debugConfig struct {
 	GeneratedAt  time.Time       `json:"generated_at"`
-	DataPlane    DebugDataPlane  `json:"data_plane"`
-	LastAccepted *DebugSync      `json:"last_accepted"`
-	LastRejected *DebugRejected  `json:"last_rejected"`
-	Kept         *DebugKept      `json:"kept"`
+	DataPlane    debugDataPlane  `json:"data_plane"`
+	LastAccepted *debugSync      `json:"last_accepted"`
+	LastRejected *debugRejected  `json:"last_rejected"`
+	Kept         *debugKept      `json:"kept"`
 	RecentSyncs  []DebugSyncLine `json:"recent_syncs"`
 	// Merge is the ownership of each --merge section as the last sync that merged it left
 	// it (§8.6); absent without --merge.
-	Merge []DebugMerge `json:"merge,omitempty"`
+	Merge []debugMerge `json:"merge,omitempty"`
 	// HeldBack are the items held back in the last accepted sync (§8.5); absent without
 	// --fallback backfill.
-	HeldBack []DebugHeld `json:"held_back,omitempty"`
+	HeldBack []debugHeld `json:"held_back,omitempty"`
 	// OutOfBand are the last out-of-band writes confshim learnt, newest last.
-	OutOfBand []DebugOutOfBand `json:"out_of_band_writes"`
+	OutOfBand []debugOutOfBand `json:"out_of_band_writes"`
 	// TooBig is the last configuration APISIX could not store (its standalone-config
 	// dict is smaller), until a sync lands; absent otherwise.
-	TooBig *DebugTooBig `json:"config_too_big,omitempty"`
+	TooBig *debugTooBig `json:"config_too_big,omitempty"`
 }
 
-// DebugTooBig is a configuration APISIX refused for its size: when, how big as sent,
+// debugTooBig is a configuration APISIX refused for its size: when, how big as sent,
 // the setting to raise, and before when the same configuration is not sent again.
-type DebugTooBig struct {
+type debugTooBig struct {
 	At             time.Time `json:"at"`
 	Bytes          int       `json:"bytes"`
 	Setting        string    `json:"setting"`
 	RetryNotBefore time.Time `json:"retry_not_before"`
 }
 
-// DebugHeld is one item held back: replaced by its accepted copy (backfilled) or left out.
-type DebugHeld struct {
+// debugHeld is one item held back: replaced by its accepted copy (backfilled) or left out.
+type debugHeld struct {
 	Section string    `json:"section"`
 	ID      string    `json:"id"`
 	Error   string    `json:"error"`
@@ -94,9 +94,9 @@ type DebugHeld struct {
 	Outcome string    `json:"outcome"`
 }
 
-// DebugMerge is one merged section: how many ids the client owns, how many items were
+// debugMerge is one merged section: how many ids the client owns, how many items were
 // kept as the data plane held them, and whether confshim lacked the memory of ownership.
-type DebugMerge struct {
+type debugMerge struct {
 	Section     string    `json:"section"`
 	ClientOwned int       `json:"client_owned"`
 	Kept        int       `json:"kept"`
@@ -104,8 +104,8 @@ type DebugMerge struct {
 	At          time.Time `json:"at"`
 }
 
-// DebugDataPlane is what confshim knows of APISIX.
-type DebugDataPlane struct {
+// debugDataPlane is what confshim knows of APISIX.
+type debugDataPlane struct {
 	URL          string     `json:"url"`
 	Server       string     `json:"server,omitempty"`
 	Digest       string     `json:"digest,omitempty"`
@@ -114,11 +114,11 @@ type DebugDataPlane struct {
 	LastAnswerAt *time.Time `json:"last_answer_at,omitempty"`
 	// Trust is --trust-connection and what it means here (§5.4): whether a sync may be
 	// decided on the belief without a read, and why.
-	Trust DebugTrust `json:"trust"`
+	Trust debugTrust `json:"trust"`
 }
 
-// DebugTrust is when a sync may be decided without reading the data plane.
-type DebugTrust struct {
+// debugTrust is when a sync may be decided without reading the data plane.
+type debugTrust struct {
 	Mode    string `json:"mode"`
 	Trusted bool   `json:"trusted"`
 	Why     string `json:"why"`
@@ -127,8 +127,8 @@ type DebugTrust struct {
 	Intermediary string `json:"intermediary,omitempty"`
 }
 
-// DebugSync is the last sync APISIX accepted through confshim.
-type DebugSync struct {
+// debugSync is the last sync APISIX accepted through confshim.
+type debugSync struct {
 	At              time.Time      `json:"at"`
 	Status          int            `json:"status"`
 	ClientDigest    string         `json:"client_digest,omitempty"`
@@ -137,11 +137,11 @@ type DebugSync struct {
 	BytesIn         int            `json:"bytes_in"`
 	BytesOut        int            `json:"bytes_out"`
 	ThinnedBytes    int            `json:"thinned_bytes"`
-	Sections        []DebugSection `json:"sections"`
+	Sections        []debugSection `json:"sections"`
 }
 
-// DebugSection is one section as a sync left it.
-type DebugSection struct {
+// debugSection is one section as a sync left it.
+type debugSection struct {
 	Section string  `json:"section"`
 	Version float64 `json:"version"`
 	// Items is how many items the data plane holds for it, when confshim knows.
@@ -152,8 +152,8 @@ type DebugSection struct {
 	Thinned bool   `json:"thinned,omitempty"`
 }
 
-// DebugRejected is the last sync that did not land.
-type DebugRejected struct {
+// debugRejected is the last sync that did not land.
+type debugRejected struct {
 	At time.Time `json:"at"`
 	// By is "apisix" when APISIX answered it, "confshim" when confshim refused it.
 	By       string   `json:"by"`
@@ -162,33 +162,33 @@ type DebugRejected struct {
 	Sections []string `json:"sections"`
 }
 
-// DebugKept is the configuration kept for re-seeding (§8.4).
-type DebugKept struct {
+// debugKept is the configuration kept for re-seeding (§8.4).
+type debugKept struct {
 	Digest       string          `json:"digest,omitempty"`
 	LastModified string          `json:"last_modified,omitempty"`
 	Bytes        int             `json:"bytes"`
-	Sections     []DebugKeptItem `json:"sections"`
-	StateFile    *DebugStateFile `json:"state_file,omitempty"`
-	LastReseed   *DebugReseed    `json:"last_reseed,omitempty"`
+	Sections     []debugKeptItem `json:"sections"`
+	StateFile    *debugStateFile `json:"state_file,omitempty"`
+	LastReseed   *debugReseed    `json:"last_reseed,omitempty"`
 }
 
-// DebugKeptItem is one kept section.
-type DebugKeptItem struct {
+// debugKeptItem is one kept section.
+type debugKeptItem struct {
 	Section string  `json:"section"`
 	Version float64 `json:"version"`
 	Items   int     `json:"items"`
 	Bytes   int     `json:"bytes"`
 }
 
-// DebugStateFile is --state-dir's file.
-type DebugStateFile struct {
+// debugStateFile is --state-dir's file.
+type debugStateFile struct {
 	Path      string     `json:"path"`
 	LastWrite *time.Time `json:"last_write,omitempty"`
 	LastError string     `json:"last_error,omitempty"`
 }
 
-// DebugReseed is the last re-seed.
-type DebugReseed struct {
+// debugReseed is the last re-seed.
+type debugReseed struct {
 	At         time.Time `json:"at"`
 	Result     string    `json:"result"`
 	Status     int       `json:"status,omitempty"`
@@ -222,16 +222,16 @@ func (l *DebugSyncLine) touches(id string) bool {
 // debugLog is what /debug/config is built from; its own lock, never the PUT lock.
 type debugLog struct {
 	mu           sync.Mutex
-	lastAccepted *DebugSync
-	lastRejected *DebugRejected
+	lastAccepted *debugSync
+	lastRejected *debugRejected
 	ring         [recentSyncs]DebugSyncLine
 	ringLen      int
 	ringNext     int
-	merges       map[string]DebugMerge
-	held         []DebugHeld
-	outOfBand    []DebugOutOfBand
-	stateFile    DebugStateFile
-	lastReseed   *DebugReseed
+	merges       map[string]debugMerge
+	held         []debugHeld
+	outOfBand    []debugOutOfBand
+	stateFile    debugStateFile
+	lastReseed   *debugReseed
 	lastStatus   int
 }
 
@@ -268,7 +268,7 @@ type syncRecord struct {
 
 // lines are what /debug/config and the sync's log line show of a PUT that ended at
 // now: its line in the ring, and the last accepted or rejected sync it becomes.
-func (r syncRecord) lines(now time.Time) (line DebugSyncLine, accepted *DebugSync, rejected *DebugRejected) {
+func (r syncRecord) lines(now time.Time) (line DebugSyncLine, accepted *debugSync, rejected *debugRejected) {
 	line = DebugSyncLine{correlation: r.corr, At: now, Status: r.status, DurationMS: ms(now.Sub(r.start)), BytesOut: r.bytesOut, BytesIn: r.bytesIn, Items: r.items}
 	if r.res != nil {
 		for i, c := range r.res.Changes {
@@ -280,14 +280,14 @@ func (r syncRecord) lines(now time.Time) (line DebugSyncLine, accepted *DebugSyn
 	}
 	switch {
 	case r.status/100 == 2:
-		accepted = &DebugSync{At: now, Status: r.status, DurationMS: line.DurationMS, BytesIn: line.BytesIn, BytesOut: r.bytesOut,
+		accepted = &debugSync{At: now, Status: r.status, DurationMS: line.DurationMS, BytesIn: line.BytesIn, BytesOut: r.bytesOut,
 			ForwardedDigest: clipString(r.forwarded, maxDebugDigest), ClientDigest: clipString(r.clientDigest, maxDebugDigest)}
 		if r.res != nil {
 			accepted.ThinnedBytes = r.res.ThinnedBytes
 			accepted.Sections = debugSections(r.res)
 		}
 	case r.status != statusClientGone:
-		rejected = &DebugRejected{At: now, By: r.by, Status: r.status, ErrorMsg: errorMessage(r.errorMsg)}
+		rejected = &debugRejected{At: now, By: r.by, Status: r.status, ErrorMsg: errorMessage(r.errorMsg)}
 		if r.prepared != nil {
 			rejected.Sections = r.prepared.Sections(maxLoggedSections)
 		}
@@ -305,10 +305,10 @@ func (d *debugLog) add(r syncRecord, now time.Time) DebugSyncLine {
 		d.lastAccepted = accepted
 		for _, m := range resMerges(r.res) {
 			if d.merges == nil {
-				d.merges = map[string]DebugMerge{}
+				d.merges = map[string]debugMerge{}
 			}
 			if len(d.merges) < maxDebugSections {
-				d.merges[m.Section] = DebugMerge{Section: rewrite.Clip(m.Section), ClientOwned: m.ClientOwned, Kept: m.Kept, Unowned: m.Unowned, At: now}
+				d.merges[m.Section] = debugMerge{Section: rewrite.Clip(m.Section), ClientOwned: m.ClientOwned, Kept: m.Kept, Unowned: m.Unowned, At: now}
 			}
 		}
 	}
@@ -323,7 +323,7 @@ func (d *debugLog) add(r syncRecord, now time.Time) DebugSyncLine {
 
 // setHeld records the items held back in the last accepted sync.
 func (d *debugLog) setHeld(held []dataplane.Held) {
-	list := make([]DebugHeld, 0, min(len(held), maxDebugSections))
+	list := make([]debugHeld, 0, min(len(held), maxDebugSections))
 	for i, h := range held {
 		if i == maxDebugSections {
 			break
@@ -332,7 +332,7 @@ func (d *debugLog) setHeld(held []dataplane.Held) {
 		if h.Backfilled {
 			outcome = "backfilled"
 		}
-		list = append(list, DebugHeld{Section: rewrite.Clip(h.Section), ID: rewrite.Clip(h.ID), Error: h.Error, Since: h.Since, Outcome: outcome})
+		list = append(list, debugHeld{Section: rewrite.Clip(h.Section), ID: rewrite.Clip(h.ID), Error: h.Error, Since: h.Since, Outcome: outcome})
 	}
 	d.mu.Lock()
 	d.held = list
@@ -346,17 +346,17 @@ func resMerges(res *rewrite.Result) []rewrite.MergeReport {
 	return res.Merges
 }
 
-func debugSections(res *rewrite.Result) []DebugSection {
+func debugSections(res *rewrite.Result) []debugSection {
 	words := map[string]string{}
 	for _, c := range res.Changes {
 		words[c.Section] = string(c.Action)
 	}
-	out := []DebugSection{}
+	out := []debugSection{}
 	for _, o := range res.Outcomes() {
 		if len(out) == maxDebugSections {
 			break
 		}
-		out = append(out, DebugSection{Section: rewrite.Clip(o.Section), Version: o.Version, Action: words[o.Section],
+		out = append(out, debugSection{Section: rewrite.Clip(o.Section), Version: o.Version, Action: words[o.Section],
 			Thinned: slices.Contains(res.Thinned, o.Section)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Section < out[j].Section })
@@ -388,7 +388,7 @@ func (d *debugLog) noteStateWrite(err error) {
 
 func (d *debugLog) noteReseed(result string, status int, took time.Duration) {
 	d.mu.Lock()
-	d.lastReseed = &DebugReseed{At: time.Now(), Result: result, Status: status, DurationMS: ms(took)}
+	d.lastReseed = &debugReseed{At: time.Now(), Result: result, Status: status, DurationMS: ms(took)}
 	d.mu.Unlock()
 }
 
@@ -398,17 +398,17 @@ type debugFacts struct {
 	url          string              // --upstream, without user information
 	belief       *dataplane.Snapshot // immutable, read without the PUT lock
 	server       string              // APISIX's Server header
-	trust        DebugTrust
+	trust        debugTrust
 	lastAnswerAt time.Time // zero: none yet
 }
 
 // document builds the /debug/config document.
-func (d *debugLog) document(f debugFacts) *DebugConfig {
+func (d *debugLog) document(f debugFacts) *debugConfig {
 	belief := f.belief
 	d.mu.Lock()
-	doc := &DebugConfig{
+	doc := &debugConfig{
 		GeneratedAt: time.Now(),
-		DataPlane: DebugDataPlane{URL: f.url, Digest: clipString(belief.Digest, maxDebugDigest),
+		DataPlane: debugDataPlane{URL: f.url, Digest: clipString(belief.Digest, maxDebugDigest),
 			LastModified: clipString(belief.LastModified, maxDebugDigest), LastStatus: d.lastStatus},
 		LastAccepted: d.lastAccepted,
 		LastRejected: d.lastRejected,
@@ -422,12 +422,12 @@ func (d *debugLog) document(f debugFacts) *DebugConfig {
 		doc.Merge = append(doc.Merge, m)
 	}
 	doc.HeldBack = slices.Clone(d.held)
-	doc.OutOfBand = append([]DebugOutOfBand{}, d.outOfBand...)
+	doc.OutOfBand = append([]debugOutOfBand{}, d.outOfBand...)
 	d.mu.Unlock()
 	sort.Slice(doc.Merge, func(i, j int) bool { return doc.Merge[i].Section < doc.Merge[j].Section })
 
 	if o := belief.Oversized; o != nil {
-		doc.TooBig = &DebugTooBig{At: o.At, Bytes: o.Bytes, Setting: dictSetting, RetryNotBefore: o.At.Add(syncmachine.OversizedPatience)}
+		doc.TooBig = &debugTooBig{At: o.At, Bytes: o.Bytes, Setting: dictSetting, RetryNotBefore: o.At.Add(syncmachine.OversizedPatience)}
 	}
 	doc.DataPlane.Server, doc.DataPlane.Trust = f.server, f.trust
 	if !f.lastAnswerAt.IsZero() {
@@ -435,7 +435,7 @@ func (d *debugLog) document(f debugFacts) *DebugConfig {
 		doc.DataPlane.LastAnswerAt = &t
 	}
 	if belief.Keeps {
-		doc.Kept = &DebugKept{Sections: []DebugKeptItem{}, LastReseed: reseed}
+		doc.Kept = &debugKept{Sections: []debugKeptItem{}, LastReseed: reseed}
 		if path := belief.StateFile; path != "" {
 			stateFile.Path = path
 			doc.Kept.StateFile = &stateFile
@@ -447,7 +447,7 @@ func (d *debugLog) document(f debugFacts) *DebugConfig {
 					break
 				}
 				items := kept.Items[s]
-				doc.Kept.Sections = append(doc.Kept.Sections, DebugKeptItem{Section: rewrite.Clip(s), Version: kept.Versions[s], Items: rewrite.CountItems(items), Bytes: len(items)})
+				doc.Kept.Sections = append(doc.Kept.Sections, debugKeptItem{Section: rewrite.Clip(s), Version: kept.Versions[s], Items: rewrite.CountItems(items), Bytes: len(items)})
 				doc.Kept.Bytes += len(items)
 			}
 		}
@@ -467,9 +467,9 @@ func (d *debugLog) document(f debugFacts) *DebugConfig {
 	return doc
 }
 
-// DebugHandler serves /debug/config; ?id=<id> answers only the recent syncs that
+// debugHandler serves /debug/config; ?id=<id> answers only the recent syncs that
 // touched that id (added, changed, removed or held back, in any section).
-func debugHandler(document func() *DebugConfig) http.Handler {
+func debugHandler(document func() *debugConfig) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
@@ -489,7 +489,7 @@ func debugHandler(document func() *DebugConfig) http.Handler {
 }
 
 // SyncsTouching are the recent syncs that listed id, oldest first.
-func (d *DebugConfig) SyncsTouching(id string) []DebugSyncLine {
+func (d *debugConfig) SyncsTouching(id string) []DebugSyncLine {
 	out := []DebugSyncLine{}
 	for i := range d.RecentSyncs {
 		if d.RecentSyncs[i].touches(id) {
@@ -515,22 +515,22 @@ func credentialFreeURL(u *url.URL) string {
 // maxOutOfBand is how many out-of-band writes /debug/config lists.
 const maxOutOfBand = 8
 
-// DebugOutOfBand is one out-of-band write confshim learnt.
-type DebugOutOfBand struct {
+// debugOutOfBand is one out-of-band write confshim learnt.
+type debugOutOfBand struct {
 	At       time.Time          `json:"at"`
 	How      string             `json:"how"`
-	Sections []DebugVersionMove `json:"sections"`
+	Sections []debugVersionMove `json:"sections"`
 }
 
-// DebugVersionMove is one section's version as confshim believed it and as it found it.
-type DebugVersionMove struct {
+// debugVersionMove is one section's version as confshim believed it and as it found it.
+type debugVersionMove struct {
 	Section string  `json:"section"`
 	From    float64 `json:"from"`
 	To      float64 `json:"to"`
 }
 
 // noteOutOfBand keeps the last few out-of-band writes, newest last.
-func (d *debugLog) noteOutOfBand(w DebugOutOfBand) {
+func (d *debugLog) noteOutOfBand(w debugOutOfBand) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.outOfBand = append(d.outOfBand, w)

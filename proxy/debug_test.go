@@ -28,7 +28,7 @@ func TestDebugConfigDocument(t *testing.T) {
 	f.p.notes.debug.noteStateWrite(errors.New("disk full"))
 	f.p.notes.debug.noteReseed("skipped", 0, 3*time.Millisecond)
 
-	doc := getDebug[DebugConfig](t, f.p, "")
+	doc := getDebug[debugConfig](t, f.p, "")
 	dp := doc.DataPlane
 	if strings.Contains(dp.URL, "hunter2") || !strings.HasPrefix(dp.URL, "http://127.0.0.1:") {
 		t.Errorf("data plane URL %q: want it without user information", dp.URL)
@@ -88,7 +88,7 @@ func getDebug[T any](t *testing.T, p *Proxy, query string) T {
 	return v
 }
 
-func sectionItems(sections []DebugSection, name string) *int {
+func sectionItems(sections []debugSection, name string) *int {
 	for _, s := range sections {
 		if s.Section == name {
 			return s.Items
@@ -97,7 +97,7 @@ func sectionItems(sections []DebugSection, name string) *int {
 	return nil
 }
 
-// clipString bounds what a client or APISIX put in the document.
+// TestClipString: clipString bounds what a client or APISIX put in the document.
 func TestClipString(t *testing.T) {
 	for _, tc := range []struct {
 		in   string

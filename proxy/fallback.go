@@ -28,6 +28,6 @@ func ParseFallbackAnswer(s string) (FallbackAnswer, error) {
 	return "", fmt.Errorf("want rejection or accepted, got %q", s)
 }
 
-// FallbackBudget is how long a sync with fallback work may take before its client is
+// fallbackBudget is how long a sync with fallback work may take before its client is
 // answered with what is known (§8.5): the controller gives ADC 15 s per sync.
-const FallbackBudget = 10 * time.Second
+const fallbackBudget = 10 * time.Second

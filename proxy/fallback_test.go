@@ -15,8 +15,9 @@ import (
 	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
-// The fallback (contract §8.5) in its own package: each path of fallback.go driven
-// against the emulator, with what the data plane then holds and what the client is told.
+// The fallback (contract §8.5) through the proxy: each path of internal/syncmachine's
+// fallback.go driven against the emulator, with what the data plane then holds and what
+// the client is told.
 
 // fallbackFixture is confshim with --fallback backfill in front of an emulator of
 // version, whose workers apply a PUT lag late; wrap may stand between them.

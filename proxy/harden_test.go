@@ -214,7 +214,6 @@ func TestUpstreamTLS(t *testing.T) {
 	}
 }
 
-// TestGetsGoOnWhileAPutIsInFlight: PUTs are serialised, other requests are not held up.
 // heldPuts is a fixture whose data plane holds every PUT until release is closed;
 // entered receives once per PUT that arrived, and maxInFlight counts how many APISIX
 // saw at once.
@@ -253,6 +252,7 @@ func putAsync(t *testing.T, f *fixture, body, digest string) <-chan int {
 	return status
 }
 
+// TestGetsGoOnWhileAPutIsInFlight: PUTs are serialised, other requests are not held up.
 func TestGetsGoOnWhileAPutIsInFlight(t *testing.T) {
 	h := newHeldPuts(t)
 	f, entered, release := h.fixture, h.entered, h.release

@@ -41,7 +41,7 @@ type Config struct {
 	// FallbackAnswer is --fallback-answer: what the client is told when items were held
 	// back ("" is rejection).
 	FallbackAnswer FallbackAnswer
-	// FallbackBudget bounds a sync with fallback work (0: FallbackBudget, 10 s); tests
+	// FallbackBudget bounds a sync with fallback work (0: fallbackBudget, 10 s); tests
 	// shorten it.
 	FallbackBudget  time.Duration
 	MaxBodyBytes    int64         // larger request bodies get 413
@@ -53,13 +53,15 @@ type Config struct {
 	BodyBudgetWait  time.Duration
 	// ReadyWindow: one upstream answer keeps Ready true this long (0: 10 s, contract §7).
 	ReadyWindow time.Duration
-	// ReseedInterval is how often the data plane is checked for a lost configuration
-	// (0: never); StateDir, when set, also keeps the configuration on disk.
+	// ReseedInterval is --reseed-interval: how often the watch (internal/reseed) pings
+	// the data plane to notice a restart; it looks at the configuration on a sign of one
+	// and as often as the look's cost allows, and re-seeds it when lost. 0: no watch and
+	// no kept configuration. StateDir, when set, also keeps the configuration on disk.
 	ReseedInterval time.Duration
 	StateDir       string
 	// WatchSafetyInterval is the longest the watch goes without looking at the
-	// configuration (0: a minute); between --reseed-interval and it, the looks follow
-	// their cost (reseed.Watcher.LookInterval). Tests compress it.
+	// configuration (0: a minute); between ReseedInterval and it, the looks follow their
+	// cost (the watcher's lookInterval). Tests compress it.
 	WatchSafetyInterval time.Duration
 	// AllowCIDRs, when not empty, is who may talk to the Admin API through confshim,
 	// checked against the TCP peer (never X-Forwarded-For).
@@ -130,7 +132,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.api = api
 	p.dp = p.loadBelief()
-	p.states = &stateReader{api: api, trust: cfg.TrustConnection, loopback: IsLoopback(u), stateLimit: 4 * cfg.MaxBodyBytes, notes: p.notes}
+	p.states = &stateReader{api: api, trust: cfg.TrustConnection, loopback: isLoopback(u), stateLimit: 4 * cfg.MaxBodyBytes, notes: p.notes}
 	if cfg.ReseedInterval > 0 {
 		p.watch = reseed.New(reseed.Config{Interval: cfg.ReseedInterval, SafetyInterval: cfg.WatchSafetyInterval, AdminKey: cfg.AdminKey,
 			API: api, Belief: p.dp, Metrics: cfg.Metrics, Log: cfg.Logger, Host: watchHost{p}})
@@ -174,7 +176,7 @@ func (cfg *Config) defaults() {
 		cfg.BodyBudgetWait = 10 * time.Second
 	}
 	if cfg.FallbackBudget <= 0 {
-		cfg.FallbackBudget = FallbackBudget
+		cfg.FallbackBudget = fallbackBudget
 	}
 	if cfg.FallbackAnswer == "" {
 		cfg.FallbackAnswer = AnswerRejection
@@ -414,10 +416,10 @@ func (p *Proxy) noteAnswer(status int) {
 func (p *Proxy) TrustConnection() (trusted bool, why string) { return p.states.trustReason() }
 
 // DebugConfig builds the /debug/config document.
-func (p *Proxy) DebugConfig() *DebugConfig {
+func (p *Proxy) DebugConfig() *debugConfig {
 	trusted, why := p.states.trustReason()
 	f := debugFacts{url: credentialFreeURL(p.upstream), belief: p.dp.Snapshot(),
-		server: p.api.Server(), trust: DebugTrust{Mode: string(p.cfg.TrustConnection), Trusted: trusted, Why: why, Intermediary: p.api.Intermediary()}}
+		server: p.api.Server(), trust: debugTrust{Mode: string(p.cfg.TrustConnection), Trusted: trusted, Why: why, Intermediary: p.api.Intermediary()}}
 	if at := p.lastAnswer.Load(); at != 0 {
 		f.lastAnswerAt = time.Unix(0, at)
 	}

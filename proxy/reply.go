@@ -17,10 +17,10 @@ import (
 // statusClientGone is logged and counted for a client that went away: nothing reaches it.
 const statusClientGone = 499
 
-// BadStateError: APISIX answered the state read, but not with a usable document.
-type BadStateError struct{ Err error }
+// badStateError: APISIX answered the state read, but not with a usable document.
+type badStateError struct{ Err error }
 
-func (e BadStateError) Error() string { return e.Err.Error() }
+func (e badStateError) Error() string { return e.Err.Error() }
 
 // replies answers a request when confshim, not APISIX, has the last word: each answer
 // counted and logged once, in APISIX's error shape.
@@ -74,7 +74,7 @@ func (rp replies) upstreamFailed(w http.ResponseWriter, r *http.Request, err err
 // is classified like any upstream failure (502, or 504 on a timeout).
 func (rp replies) stateReadFailed(w http.ResponseWriter, r *http.Request, err error) {
 	var status apisix.StatusError
-	var bad BadStateError
+	var bad badStateError
 	if errors.As(err, &status) || errors.As(err, &bad) {
 		rp.m.UpstreamError(metrics.OtherError)
 		writeError(w, http.StatusBadGateway, "cannot read the data plane's state: "+err.Error()+"; nothing was forwarded")

@@ -48,25 +48,25 @@ func (n notes) decision(res *rewrite.Result) {
 	ev.Bool("noop", res.NoOp).Msg("configs PUT repaired")
 }
 
-// noteMoves counts, logs and shows the out-of-band writes a read showed (moves from
+// moves counts, logs and shows the out-of-band writes a read showed (moves from
 // the belief's Read).
 func (n notes) moves(moves []dataplane.Move, how string) {
 	if len(moves) == 0 {
 		return
 	}
 	arr := zerolog.Arr()
-	shown := make([]DebugVersionMove, 0, min(len(moves), maxLoggedSections))
+	shown := make([]debugVersionMove, 0, min(len(moves), maxLoggedSections))
 	for i, m := range moves {
 		section := rewrite.Clip(m.Section)
 		n.m.OutOfBandWrites.WithLabelValues(metrics.SectionLabel(m.Section)).Inc()
 		if i < maxLoggedSections {
 			arr = arr.Dict(zerolog.Dict().Str("section", section).Float64("from", m.From).Float64("to", m.To))
-			shown = append(shown, DebugVersionMove{Section: section, From: m.From, To: m.To})
+			shown = append(shown, debugVersionMove{Section: section, From: m.From, To: m.To})
 		}
 	}
 	n.log.Warn().Str("event", "out_of_band_write").Str("how", how).Array("sections", arr).
 		Msg("the data plane was written behind confshim (straight on its Admin API)")
-	n.debug.noteOutOfBand(DebugOutOfBand{At: time.Now(), How: how, Sections: shown})
+	n.debug.noteOutOfBand(debugOutOfBand{At: time.Now(), How: how, Sections: shown})
 }
 
 // synced files one configs PUT as it ended: /debug/config, then its log line (outside

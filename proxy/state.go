@@ -57,9 +57,9 @@ func ParseTrustMode(s string) (TrustMode, error) {
 	return "", fmt.Errorf("want auto, always or never, got %q", s)
 }
 
-// IsLoopback: upstream names this host's loopback (127.0.0.0/8, ::1, localhost), so
+// isLoopback: upstream names this host's loopback (127.0.0.0/8, ::1, localhost), so
 // nothing but the kernel can stand between confshim and APISIX.
-func IsLoopback(upstream *url.URL) bool {
+func isLoopback(upstream *url.URL) bool {
 	host := strings.TrimSuffix(upstream.Hostname(), ".")
 	if strings.EqualFold(host, "localhost") {
 		return true
@@ -73,7 +73,7 @@ func IsLoopback(upstream *url.URL) bool {
 type stateReader struct {
 	api        *apisix.Client
 	trust      TrustMode // --trust-connection
-	loopback   bool      // --upstream is this host's loopback (IsLoopback)
+	loopback   bool      // --upstream is this host's loopback (isLoopback)
 	stateLimit int64     // the largest configuration read (4 × --max-body-bytes)
 	notes      notes     // where a read's out-of-band writes are said
 }
@@ -109,13 +109,13 @@ func (sr *stateReader) readState(ctx context.Context, creds apisix.Credentials) 
 	var tooBig apisix.TooBigError
 	switch {
 	case errors.As(err, &tooBig):
-		return nil, "", "", BadStateError{err}
+		return nil, "", "", badStateError{err}
 	case err != nil:
 		return nil, "", "", err // refused, another status, or no usable answer
 	}
 	st, err := rewrite.ParseState(body)
 	if err != nil {
-		return nil, "", "", BadStateError{err}
+		return nil, "", "", badStateError{err}
 	}
 	return st, meta.Digest, meta.LastModified, nil
 }

@@ -12,22 +12,8 @@ import (
 // the data plane last accepted, or left out; every other byte goes to APISIX as the
 // client sent it. The splice works inside a section, item by item.
 
-// SplitItems cuts a section's JSON array into its items, in order (nil for an absent
-// value or an object, which APISIX reads as no items).
-func SplitItems(section string, raw []byte) ([]Item, error) {
-	items, err := splitItems(section, raw)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Item, len(items))
-	for i, it := range items {
-		out[i] = Item{Raw: it.raw, ID: it.id}
-	}
-	return out, nil
-}
-
 // Hold records that the item at index of section is replaced by with (nil: left out).
-func (s *Splice) Hold(section string, index int, with []byte) {
+func (s *itemSplice) Hold(section string, index int, with []byte) {
 	if s.Items == nil {
 		s.Items = map[string]map[int][]byte{}
 	}
@@ -38,14 +24,14 @@ func (s *Splice) Hold(section string, index int, with []byte) {
 }
 
 // Held reports whether section's item at index is held back.
-func (s *Splice) Held(section string, index int) bool {
+func (s *itemSplice) Held(section string, index int) bool {
 	_, ok := s.Items[section][index]
 	return ok
 }
 
 // Apply writes body with the splice applied: only the held items and the set versions
 // differ from body's bytes. body must be a JSON object (YAML is never backfilled).
-func (s *Splice) Apply(body []byte) ([]byte, error) {
+func (s *itemSplice) Apply(body []byte) ([]byte, error) {
 	obj, err := scanObject(body, make([]member, 0, 32))
 	if err != nil {
 		return nil, fmt.Errorf("backfill: %w", err)
@@ -57,7 +43,7 @@ func (s *Splice) Apply(body []byte) ([]byte, error) {
 }
 
 // applyTo is Apply on a body already scanned and indexed as obj (obj is only read).
-func (s *Splice) applyTo(body []byte, obj *object) ([]byte, error) {
+func (s *itemSplice) applyTo(body []byte, obj *object) ([]byte, error) {
 	e := edits{newValue: make([][]byte, len(obj.members)), drop: make([]bool, len(obj.members))}
 	sections := make([]string, 0, len(s.Items))
 	for section := range s.Items {
@@ -73,7 +59,7 @@ func (s *Splice) applyTo(body []byte, obj *object) ([]byte, error) {
 		items, ok := s.split[section]
 		if !ok {
 			var err error
-			if items, err = SplitItems(section, body[m.valueStart:m.valueEnd]); err != nil {
+			if items, err = splitItems(section, body[m.valueStart:m.valueEnd]); err != nil {
 				return nil, err
 			}
 		}
@@ -108,10 +94,10 @@ func (s *Splice) applyTo(body []byte, obj *object) ([]byte, error) {
 	return e.apply(nil, body, obj), nil
 }
 
-// References lists an item's references by id, by a scan of its top-level members (no
+// references lists an item's references by id, by a scan of its top-level members (no
 // decode: a fallback looks at every item of the PUT). A field given twice counts as
 // lua-cjson reads it: the last one.
-func references(item []byte) []Reference {
+func references(item []byte) []reference {
 	// the reference fields APISIX resolves by id (not checked on a PUT), from the table
 	// of sections
 	found := make([][]byte, len(sections.Table))
@@ -122,18 +108,14 @@ func references(item []byte) []Reference {
 			}
 		}
 	})
-	var out []Reference
+	var out []reference
 	for i, s := range sections.Table {
 		if id := idText(found[i]); id != "" {
-			out = append(out, Reference{Section: s.Name, ID: id})
+			out = append(out, reference{Section: s.Name, ID: id})
 		}
 	}
 	return out
 }
-
-// NextVersion is the smallest version above v that APISIX stores as a different number
-// (§5.1); false when none exists below 2^53.
-func NextVersion(v float64) (float64, bool) { return nextStorable(v) }
 
 // ItemFingerprint identifies an item's content as §5.1 compares it (key order,
 // whitespace, escapes and its top-level modifiedIndex do not count).

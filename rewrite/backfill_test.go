@@ -20,12 +20,12 @@ func FuzzBackfill(f *testing.F) {
 			return
 		}
 		raw, _ := prepared.JSONItems("routes")
-		items, err := SplitItems("routes", raw)
+		items, err := splitItems("routes", raw)
 		if err != nil || len(items) == 0 {
 			return
 		}
 		i := int(index) % len(items)
-		var splice Splice
+		var splice itemSplice
 		splice.Hold("routes", i, nil)
 		got, err := splice.Apply(body)
 		if err != nil {
@@ -39,7 +39,7 @@ func FuzzBackfill(f *testing.F) {
 			t.Fatal(err)
 		}
 		raw2, _ := after.JSONItems("routes")
-		items2, _ := SplitItems("routes", raw2)
+		items2, _ := splitItems("routes", raw2)
 		if len(items2) != len(items)-1 {
 			t.Fatalf("%d items, then %d", len(items), len(items2))
 		}
@@ -59,7 +59,7 @@ func FuzzBackfill(f *testing.F) {
 
 func TestReferences(t *testing.T) {
 	refs := references([]byte(`{"id":"r1","service_id":"s1","upstream_id":7,"plugin_config_id":"","labels":{"service_id":"x"}}`))
-	if len(refs) != 2 || refs[0] != (Reference{"services", "s1"}) || refs[1] != (Reference{"upstreams", "7"}) {
+	if len(refs) != 2 || refs[0] != (reference{"services", "s1"}) || refs[1] != (reference{"upstreams", "7"}) {
 		t.Fatalf("%v", refs)
 	}
 }
@@ -68,7 +68,7 @@ func TestReferences(t *testing.T) {
 // replacement or "-" to leave it out) and versions to set, and the corrected body.
 func TestBackfillGolden(t *testing.T) {
 	eachGolden(t, "../testdata/backfill", func(t *testing.T, _ string, a *txtar.Archive) {
-		var splice Splice
+		var splice itemSplice
 		b, _ := body(a, "body.json")
 		if holds, ok := body(a, "holds"); ok {
 			for _, line := range strings.Split(string(holds), "\n") {

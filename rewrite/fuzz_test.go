@@ -191,10 +191,10 @@ func FuzzReferences(f *testing.F) {
 		if !utf8.Valid(item) || json.Unmarshal(item, &fields) != nil || fields == nil {
 			return // References reads items of a body the scan validated: JSON objects
 		}
-		var want []Reference
+		var want []reference
 		for _, rf := range sections.References() {
 			if id := idText(fields[rf.Field]); id != "" {
-				want = append(want, Reference{Section: rf.Section, ID: id})
+				want = append(want, reference{Section: rf.Section, ID: id})
 			}
 		}
 		got := references(item)

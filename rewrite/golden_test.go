@@ -113,9 +113,6 @@ func report(res *Result, err error) string {
 	return b.String()
 }
 
-// TestGolden runs every testdata/rewrite/*.txtar case: state.json (a GET body; absent
-// = a fresh data plane), optional record.json, request.json, optional digest and
-// preserve → want.json (the forwarded body) and want.report.
 // eachGolden runs check on every txtar archive of dir, as a subtest named after it.
 func eachGolden(t *testing.T, dir string, check func(t *testing.T, path string, a *txtar.Archive)) {
 	paths, err := filepath.Glob(filepath.Join(dir, "*.txtar"))
@@ -133,6 +130,9 @@ func eachGolden(t *testing.T, dir string, check func(t *testing.T, path string, 
 	}
 }
 
+// TestGolden runs every testdata/rewrite/*.txtar case: state.json (a GET body; absent
+// = a fresh data plane), optional record.json, request.json, optional digest and
+// preserve → want.json (the forwarded body) and want.report.
 func TestGolden(t *testing.T) {
 	eachGolden(t, "../testdata/rewrite", func(t *testing.T, path string, a *txtar.Archive) {
 		var err error

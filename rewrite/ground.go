@@ -46,9 +46,9 @@ type RefuseError struct{ Reason string }
 
 func (e *RefuseError) Error() string { return e.Reason }
 
-// ErrNotObject refuses a body that parses but is not an object: APISIX would take an
+// refuseNotObject refuses a body that parses but is not an object: APISIX would take an
 // array or a string as {} and empty every section.
-var ErrNotObject = &RefuseError{Reason: "the configuration must be an object: APISIX would read this body as {} and delete every section"}
+var refuseNotObject = &RefuseError{Reason: "the configuration must be an object: APISIX would read this body as {} and delete every section"}
 
 // ErrStateIncomplete asks the caller for a state with items (a full GET): a decision
 // needs to compare the client's items with the data plane's.
@@ -111,15 +111,15 @@ func clip(name string) string {
 // Clip is clip for the proxy's log lines.
 func Clip(name string) string { return clip(name) }
 
-// MaxMessageBytes bounds an APISIX message kept for a log line or /debug/config (§7).
-const MaxMessageBytes = 256
+// maxMessageBytes bounds an APISIX message kept for a log line or /debug/config (§7).
+const maxMessageBytes = 256
 
-// ClipMessage cuts a message at MaxMessageBytes.
+// ClipMessage cuts a message at maxMessageBytes.
 func ClipMessage(msg string) string {
-	if len(msg) <= MaxMessageBytes {
+	if len(msg) <= maxMessageBytes {
 		return msg
 	}
-	return msg[:MaxMessageBytes] + "…"
+	return msg[:maxMessageBytes] + "…"
 }
 
 // valueEnd returns the end of the JSON value starting at i (strings and nesting aware).
@@ -360,12 +360,12 @@ type Hold struct {
 type Accepted struct {
 	items    map[string][]byte
 	sections map[string]map[string][]byte
-	refused  map[Reference]bool
+	refused  map[reference]bool
 }
 
-// SectionCorrection is a section's correction made before a PUT: the hash the body's
+// sectionCorrection is a section's correction made before a PUT: the hash the body's
 // scan kept of the client's items then, and the corrected items.
-type SectionCorrection struct {
+type sectionCorrection struct {
 	ClientSum uint64
 	Items     []byte
 }
@@ -416,10 +416,10 @@ type Item struct {
 	ID  string // tostring(id), or a consumer's username; "" when it has none
 }
 
-// Splice is one corrected body: per section, what happens to the item at an index of
+// itemSplice is one corrected body: per section, what happens to the item at an index of
 // the body's array (a replacement, or nil to leave it out), and sections whose version
 // is to be set.
-type Splice struct {
+type itemSplice struct {
 	Items    map[string]map[int][]byte
 	Versions map[string]float64
 	// Replace gives sections' whole items values (a correction computed before, for the
@@ -430,5 +430,5 @@ type Splice struct {
 	split map[string][]Item
 }
 
-// Reference is an item's reference by id to an item of another section.
-type Reference struct{ Section, ID string }
+// reference is an item's reference by id to an item of another section.
+type reference struct{ Section, ID string }

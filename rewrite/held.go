@@ -13,8 +13,8 @@ import (
 // APISIX is known to reject (held again at once, or validated alone first when the
 // rejection depends on what the data plane holds), when the last correction serves
 // again as it is, which accepted copies must be validated before they backfill, and
-// how held items are named in a digest. The fallback asks, sends and waits; it decides
-// nothing of this itself.
+// how held items are named in a digest. The fallback (internal/syncmachine) asks, sends
+// and waits; it decides nothing of this itself.
 
 // HeldItem is one item held back: what the client's answer names, and what the next
 // syncs need to hold it again.
@@ -41,7 +41,7 @@ func (h HeldItem) Key() string { return HeldKey(h.Section, h.ID) }
 // the client's bytes and the corrected items, on APISIX version Server.
 type Correction struct {
 	Server   string
-	Sections map[string]SectionCorrection
+	Sections map[string]sectionCorrection
 }
 
 // Recheck is what a sync learnt by validating held items alone (HeldKey → passes now);
@@ -91,7 +91,7 @@ func (p *Prepared) ReuseCorrection(c *Correction, server string, known map[strin
 	if c == nil || c.Server != server || len(known) == 0 {
 		return nil, false
 	}
-	corrections := make(map[string]SectionCorrection, len(c.Sections))
+	corrections := make(map[string]sectionCorrection, len(c.Sections))
 	for _, h := range known {
 		if h.DependsOnState {
 			return nil, false
@@ -108,14 +108,14 @@ func (p *Prepared) ReuseCorrection(c *Correction, server string, known map[strin
 // CorrectionOf is the correction of a body corrected before its PUT, kept for the same
 // client bytes next time (nil when a held section cannot be kept so).
 func CorrectionOf(client, corrected *Prepared, held []HeldItem, server string) *Correction {
-	c := &Correction{Server: server, Sections: map[string]SectionCorrection{}}
+	c := &Correction{Server: server, Sections: map[string]sectionCorrection{}}
 	for _, section := range HeldSections(held) {
 		sum, ok := client.SectionSum(section)
 		items, _ := corrected.JSONItems(section)
 		if !ok || items == nil {
 			return nil
 		}
-		c.Sections[section] = SectionCorrection{ClientSum: sum, Items: slices.Clone(items)}
+		c.Sections[section] = sectionCorrection{ClientSum: sum, Items: slices.Clone(items)}
 	}
 	return c
 }

@@ -27,22 +27,17 @@ func NewMerging(preserve, merge []string) *Rewriter {
 	return rw
 }
 
-// arrayItem is one element of a JSON array: its raw bytes and its identity.
-type arrayItem struct {
-	raw []byte
-	id  string // "" when the item has none
-}
-
-// splitItems cuts a JSON array (as validated by the scan) into its elements, reading
-// each element's identity: id, or for consumers username. Linear in the bytes.
-func splitItems(section string, raw []byte) ([]arrayItem, error) {
+// splitItems cuts a section's JSON array (as validated by the scan) into its items, in
+// order, reading each item's identity: id, or for consumers username (nil for an absent
+// value or an object, which APISIX reads as no items). Linear in the bytes.
+func splitItems(section string, raw []byte) ([]Item, error) {
 	items, err := rawItems(section, raw)
 	if err != nil || items == nil {
 		return nil, err
 	}
-	out := make([]arrayItem, len(items))
+	out := make([]Item, len(items))
 	for i, item := range items {
-		out[i] = arrayItem{raw: item, id: itemID(section, item)}
+		out[i] = Item{Raw: item, ID: itemID(section, item)}
 	}
 	return out, nil
 }
@@ -175,9 +170,9 @@ func union(section string, client, dataPlane []byte, owned []string) (out []byte
 	}
 	sent := make(map[string]bool, len(mine))
 	for _, it := range mine {
-		if it.id != "" {
-			sent[it.id] = true
-			ids = append(ids, it.id)
+		if it.ID != "" {
+			sent[it.ID] = true
+			ids = append(ids, it.ID)
 		}
 	}
 	ownedSet := make(map[string]bool, len(owned))
@@ -191,19 +186,19 @@ func union(section string, client, dataPlane []byte, owned []string) (out []byte
 		if i > 0 {
 			out = append(out, ',')
 		}
-		out = append(out, it.raw...)
+		out = append(out, it.Raw...)
 	}
 	for _, it := range theirs {
-		if it.id == "" || sent[it.id] || (owned != nil && ownedSet[it.id]) {
+		if it.ID == "" || sent[it.ID] || (owned != nil && ownedSet[it.ID]) {
 			continue // the client's copy wins; an owned item gone from it is deleted
 		}
 		if len(out) > 1 {
 			out = append(out, ',')
 		}
-		out = append(out, it.raw...)
+		out = append(out, it.Raw...)
 		kept++
 		if len(keptIDs) < maxKeptIDs {
-			keptIDs = append(keptIDs, clip(it.id))
+			keptIDs = append(keptIDs, clip(it.ID))
 		}
 	}
 	out = append(out, ']')
@@ -217,13 +212,13 @@ func union(section string, client, dataPlane []byte, owned []string) (out []byte
 // maxKeptIDs bounds the kept ids a MergeReport names.
 const maxKeptIDs = 20
 
-func allOwned(items []arrayItem, owned []string) bool {
+func allOwned(items []Item, owned []string) bool {
 	set := make(map[string]bool, len(owned))
 	for _, id := range owned {
 		set[id] = true
 	}
 	for _, it := range items {
-		if !set[it.id] {
+		if !set[it.ID] {
 			return false
 		}
 	}

@@ -11,14 +11,14 @@ package rewrite
 type Plan struct {
 	body    *Prepared
 	items   map[string][]Item
-	refs    map[string][][]Reference
-	leftOut map[Reference]bool
-	Splice  Splice
+	refs    map[string][][]reference
+	leftOut map[reference]bool
+	Splice  itemSplice
 }
 
 // NewPlan starts a plan for body (the body APISIX was sent).
 func NewPlan(body *Prepared) *Plan {
-	return &Plan{body: body, items: map[string][]Item{}, refs: map[string][][]Reference{}, leftOut: map[Reference]bool{}}
+	return &Plan{body: body, items: map[string][]Item{}, refs: map[string][][]reference{}, leftOut: map[reference]bool{}}
 }
 
 // Items is section's items in the body, split once.
@@ -27,7 +27,7 @@ func (pl *Plan) Items(section string) []Item {
 		return items
 	}
 	raw, _ := pl.body.JSONItems(section)
-	items, err := SplitItems(section, raw)
+	items, err := splitItems(section, raw)
 	if err != nil {
 		return nil // not kept: Apply splits it again and says why
 	}
@@ -36,12 +36,12 @@ func (pl *Plan) Items(section string) []Item {
 }
 
 // references is the references of each of section's items, read once.
-func (pl *Plan) references(section string) [][]Reference {
+func (pl *Plan) references(section string) [][]reference {
 	if refs, ok := pl.refs[section]; ok {
 		return refs
 	}
 	items := pl.Items(section)
-	refs := make([][]Reference, len(items))
+	refs := make([][]reference, len(items))
 	for i, it := range items {
 		refs[i] = references(it.Raw)
 	}
@@ -87,7 +87,7 @@ func (pl *Plan) holdOne(held *[]Hold, accepted *Accepted, r Rejection) bool {
 		return false
 	}
 	pl.Splice.Hold(section, index, nil)
-	pl.leftOut[Reference{Section: section, ID: it.ID}] = true
+	pl.leftOut[reference{Section: section, ID: it.ID}] = true
 	*held = append(*held, h)
 	return true
 }
@@ -155,20 +155,20 @@ func NewAccepted(items map[string][]byte) *Accepted {
 // now: the item is left out instead of backfilled with it.
 func (a *Accepted) Refuse(section, id string) {
 	if a.refused == nil {
-		a.refused = map[Reference]bool{}
+		a.refused = map[reference]bool{}
 	}
-	a.refused[Reference{Section: section, ID: id}] = true
+	a.refused[reference{Section: section, ID: id}] = true
 }
 
 // Lookup is the accepted copy of section's item id.
 func (a *Accepted) Lookup(section, id string) ([]byte, bool) {
-	if a.refused[Reference{Section: section, ID: id}] {
+	if a.refused[reference{Section: section, ID: id}] {
 		return nil, false
 	}
 	byID, ok := a.sections[section]
 	if !ok {
 		byID = map[string][]byte{}
-		list, _ := SplitItems(section, a.items[section])
+		list, _ := splitItems(section, a.items[section])
 		for _, it := range list {
 			if it.ID != "" {
 				byID[it.ID] = it.Raw
@@ -186,14 +186,14 @@ func (pl *Plan) ItemSections() []string { return pl.body.ItemSections() }
 // Fresh is a new plan for the same body, sharing its splits and references (a second
 // step corrects the same body anew).
 func (pl *Plan) Fresh() *Plan {
-	return &Plan{body: pl.body, items: pl.items, refs: pl.refs, leftOut: map[Reference]bool{}}
+	return &Plan{body: pl.body, items: pl.items, refs: pl.refs, leftOut: map[reference]bool{}}
 }
 
 // Reapply is §8.5's steady state at its cheapest: when the body carries, for every
 // section of corrections, the very client bytes the correction was made for, the body
 // with those sections' items replaced by the corrected ones, on the body's own scan (no
 // split, no validate); false when any of them changed.
-func (p *Prepared) Reapply(corrections map[string]SectionCorrection) ([]byte, bool) {
+func (p *Prepared) Reapply(corrections map[string]sectionCorrection) ([]byte, bool) {
 	if p.yaml || len(corrections) == 0 {
 		return nil, false
 	}
@@ -204,7 +204,7 @@ func (p *Prepared) Reapply(corrections map[string]SectionCorrection) ([]byte, bo
 		}
 		replace[section] = c.Items
 	}
-	splice := Splice{Replace: replace}
+	splice := itemSplice{Replace: replace}
 	out, err := splice.applyTo(p.body, &p.obj)
 	return out, err == nil
 }

@@ -58,7 +58,7 @@ func TestPlanHoldsToAFixedPoint(t *testing.T) {
 // repeated field wins.
 func TestReferencesReadTopLevelMembersOnly(t *testing.T) {
 	refs := references([]byte(`{"labels":{"service_id":"x"},"service_\u0069d":"s1","upstream_id":"u1","upstream_id":"u2","group_id":null}`))
-	if len(refs) != 2 || refs[0] != (Reference{"services", "s1"}) || refs[1] != (Reference{"upstreams", "u2"}) {
+	if len(refs) != 2 || refs[0] != (reference{"services", "s1"}) || refs[1] != (reference{"upstreams", "u2"}) {
 		t.Fatalf("references %+v", refs)
 	}
 }
@@ -74,7 +74,7 @@ func TestReapplyNeedsTheSameClientBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum, _ := p.SectionSum("routes")
-	c := map[string]SectionCorrection{"routes": {ClientSum: sum, Items: []byte(`[{"id":"r1","uri":"/accepted"},{"id":"r2"}]`)}}
+	c := map[string]sectionCorrection{"routes": {ClientSum: sum, Items: []byte(`[{"id":"r1","uri":"/accepted"},{"id":"r2"}]`)}}
 	out, ok := p.Reapply(c)
 	if want := `{"routes_conf_version":2,"routes":[{"id":"r1","uri":"/accepted"},{"id":"r2"}]}`; !ok || string(out) != want {
 		t.Fatalf("reapplied %s (%v), want %s", out, ok, want)

@@ -4,7 +4,7 @@
 // sections compared as sets), preserved sections are kept as the data plane holds them,
 // merged sections go as the union of the client's items and the ones it never owned,
 // and sections APISIX keeps are sent without their items. For §8.5's fallback it splices
-// items out of a body (Splice: held back, replaced by an accepted copy or left out) and
+// items out of a body (itemSplice: held back, replaced by an accepted copy or left out) and
 // finds the references that strand others. It is pure: bytes and state in, bytes and a
 // report out. Only the changed version numbers and the removed or replaced items differ
 // from the client's bytes; nothing else is re-serialised, JSON or YAML.
@@ -63,7 +63,7 @@ func (rw *Rewriter) PrepareArrived(body []byte, bs *BodyScan, prev *Layout) (*Pr
 func (rw *Rewriter) preparedJSON(body []byte, obj object, sums []uint64, err error) (*Prepared, error) {
 	switch {
 	case errors.Is(err, errNotObject):
-		return nil, ErrNotObject
+		return nil, refuseNotObject
 	case err != nil:
 		return nil, &SkipError{Reason: "the body is not valid JSON: " + err.Error()}
 	}

@@ -7,8 +7,7 @@ import (
 	"fmt"
 	"math/bits"
 	"strings"
-
-	"github.com/valyala/fastjson"
+	"unicode/utf8"
 )
 
 // The scanner validates a whole body as JSON (RFC 8259, as strict as
@@ -403,13 +402,76 @@ func (m member) keyName() string {
 }
 
 // unquote is a JSON string's value, escapes resolved as lua-cjson resolves them (bytes
-// that are not UTF-8 kept as they are); false when quoted is not a JSON string.
+// that are not UTF-8 kept as they are); false when quoted (white space around it
+// allowed) is not a JSON string.
 func unquote(quoted []byte) (string, bool) {
-	v, err := fastjson.ParseBytes(quoted)
-	if err != nil || v.Type() != fastjson.TypeString {
+	i, j := skipWS(quoted, 0), len(quoted)
+	for j > i && (quoted[j-1] == ' ' || quoted[j-1] == '\n' || quoted[j-1] == '\r' || quoted[j-1] == '\t') {
+		j--
+	}
+	if i >= j || quoted[i] != '"' {
 		return "", false
 	}
-	return string(v.GetStringBytes()), true
+	if end, err := scanString(quoted[:j], i+1); err != nil || end != j {
+		return "", false
+	}
+	return string(appendUnescaped(nil, quoted[i+1:j-1])), true
+}
+
+// appendUnescaped appends the value of a JSON string's content s (between its quotes,
+// valid as scanString checks it) to dst: rewrite's one decoder of JSON strings, for
+// names and ids (unquote) and for the semantic fingerprint (semHasher.str). A \u
+// surrogate pair is one rune; a surrogate that is not half of a pair becomes U+FFFD.
+func appendUnescaped(dst, s []byte) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '\\' {
+			dst = append(dst, c)
+			continue
+		}
+		i++
+		if s[i] == 'u' {
+			var r rune
+			r, i = unicodeEscape(s, i)
+			dst = utf8.AppendRune(dst, r)
+			continue
+		}
+		dst = append(dst, escaped[s[i]])
+	}
+	return dst
+}
+
+// escaped is the byte each one-letter escape stands for ('"', '\\' and '/' themselves).
+var escaped = [256]byte{'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t', '"': '"', '\\': '\\', '/': '/'}
+
+// unicodeEscape reads the \uXXXX whose 'u' is at s[i] (a surrogate pair as one rune)
+// and returns the rune and the offset of its last byte.
+func unicodeEscape(s []byte, i int) (rune, int) {
+	r := hex4(s[i+1 : i+5])
+	i += 4
+	if r >= 0xd800 && r < 0xdc00 && i+6 < len(s) && s[i+1] == '\\' && s[i+2] == 'u' {
+		if lo := hex4(s[i+3 : i+7]); lo >= 0xdc00 && lo < 0xe000 {
+			r = 0x10000 + (r-0xd800)<<10 + (lo - 0xdc00)
+			i += 6
+		}
+	}
+	return r, i
+}
+
+func hex4(h []byte) rune {
+	var r rune
+	for _, c := range h {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c-'a') + 10
+		default:
+			r |= rune(c-'A') + 10
+		}
+	}
+	return r
 }
 
 // index names every member and refuses a repeated key (§4 item 4: APISIX would take

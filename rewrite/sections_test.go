@@ -22,7 +22,7 @@ func TestASectionIsOneTableEntry(t *testing.T) {
 		t.Fatalf("order-free %v, label %q", orderFree("widgets"), metrics.SectionLabel("widgets"))
 	}
 	refs := references([]byte(`{"id":"r1","widget_id":"w1","service_id":"s1"}`))
-	if len(refs) != 2 || !slices.Contains(refs, Reference{Section: "widgets", ID: "w1"}) {
+	if len(refs) != 2 || !slices.Contains(refs, reference{Section: "widgets", ID: "w1"}) {
 		t.Fatalf("references %v", refs)
 	}
 	// the same widgets in another order are equal: raised, not bumped

@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/bits"
 	"strconv"
-	"unicode/utf8"
 )
 
 // The semantic fingerprint answers "are the client's items the data plane's items?"
@@ -39,7 +38,7 @@ func fmix(h uint64) uint64 {
 	return h
 }
 
-// OrderFree reports whether section's items are compared as a set (§8.1, the table of
+// orderFree reports whether section's items are compared as a set (§8.1, the table of
 // sections): a section confshim does not know keeps its order.
 func orderFree(section string) bool {
 	s, _ := sections.Lookup(section)
@@ -175,7 +174,7 @@ func (h *semHasher) str() uint64 {
 	if !escaped {
 		return maphash.Bytes(h.seed, raw)
 	}
-	h.scratch = unescape(h.scratch[:0], raw)
+	h.scratch = appendUnescaped(h.scratch[:0], raw)
 	return maphash.Bytes(h.seed, h.scratch)
 }
 
@@ -216,57 +215,4 @@ func smallInt(s []byte) (int64, bool) {
 		v = -v
 	}
 	return v, true
-}
-
-// unescape decodes a valid JSON string's escapes (surrogate pairs included).
-func unescape(dst, s []byte) []byte {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c != '\\' {
-			dst = append(dst, c)
-			continue
-		}
-		i++
-		if s[i] == 'u' {
-			var r rune
-			r, i = unicodeEscape(s, i)
-			dst = utf8.AppendRune(dst, r)
-			continue
-		}
-		dst = append(dst, escaped[s[i]])
-	}
-	return dst
-}
-
-// escaped is the byte each one-letter escape stands for ('"', '\\' and '/' themselves).
-var escaped = [256]byte{'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t', '"': '"', '\\': '\\', '/': '/'}
-
-// unicodeEscape reads the \uXXXX whose 'u' is at s[i] (a surrogate pair as one rune)
-// and returns the rune and the offset of its last byte.
-func unicodeEscape(s []byte, i int) (rune, int) {
-	r := hex4(s[i+1 : i+5])
-	i += 4
-	if r >= 0xd800 && r < 0xdc00 && i+6 < len(s) && s[i+1] == '\\' && s[i+2] == 'u' {
-		if lo := hex4(s[i+3 : i+7]); lo >= 0xdc00 && lo < 0xe000 {
-			r = 0x10000 + (r-0xd800)<<10 + (lo - 0xdc00)
-			i += 6
-		}
-	}
-	return r, i
-}
-
-func hex4(h []byte) rune {
-	var r rune
-	for _, c := range h {
-		r <<= 4
-		switch {
-		case c >= '0' && c <= '9':
-			r |= rune(c - '0')
-		case c >= 'a' && c <= 'f':
-			r |= rune(c-'a') + 10
-		default:
-			r |= rune(c-'A') + 10
-		}
-	}
-	return r
 }

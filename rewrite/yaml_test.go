@@ -51,7 +51,7 @@ func FuzzYAMLScan(f *testing.F) {
 		root, ok := decodeYAMLDoc(body)
 		var refuse *RefuseError
 		switch {
-		case errors.Is(err, ErrNotObject):
+		case errors.Is(err, refuseNotObject):
 			if ok && root.Kind == yaml.MappingNode && len(root.Content) > 0 {
 				t.Fatalf("called a mapping not an object:\n%s", body)
 			}

@@ -133,7 +133,7 @@ func (s *yscan) preamble(i int) (ls, ind, c int, err error) {
 			return 0, 0, 0, yamlRefuse("directives (%%YAML, %%TAG) are not supported")
 		case ind == 0 && isDocMarker(body, i, '-'):
 			if sawStart {
-				return 0, 0, 0, ErrNotObject // an empty first document is {} to APISIX
+				return 0, 0, 0, refuseNotObject // an empty first document is {} to APISIX
 			}
 			sawStart = true
 			if rest := skipBlank(body, i+3); rest < len(body) && body[rest] != '\n' && body[rest] != '#' {
@@ -141,11 +141,11 @@ func (s *yscan) preamble(i int) (ls, ind, c int, err error) {
 			}
 			continue
 		case ind == 0 && isDocMarker(body, i, '.'):
-			return 0, 0, 0, ErrNotObject
+			return 0, 0, 0, refuseNotObject
 		}
 		return i, ind, c, nil
 	}
-	return 0, 0, 0, ErrNotObject // an empty document: {} to APISIX, which empties every section
+	return 0, 0, 0, refuseNotObject // an empty document: {} to APISIX, which empties every section
 }
 
 // notABlockMapping says why a first document whose first character is b[c] is not a
@@ -153,10 +153,10 @@ func (s *yscan) preamble(i int) (ls, ind, c int, err error) {
 func notABlockMapping(b []byte, c int) error {
 	switch b[c] {
 	case '[', '|', '>':
-		return ErrNotObject
+		return refuseNotObject
 	case '-':
 		if c+1 >= len(b) || isBlankByte(b[c+1]) {
-			return ErrNotObject
+			return refuseNotObject
 		}
 	case '&', '!', '*':
 		return yamlRefuse("anchors, tags or aliases on the document are not supported")
@@ -187,7 +187,7 @@ func (s *yscan) document(ls, ind, c int) (object, error) {
 	}
 	s.ls = ls
 	if _, _, ok := s.keyAt(c, lineEnd(b, c)); !ok {
-		return object{}, ErrNotObject // a scalar document
+		return object{}, refuseNotObject // a scalar document
 	}
 	s.indents = []int{0}
 	i := ls

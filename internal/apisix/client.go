@@ -145,10 +145,10 @@ func (c *Client) NoteAnswer(resp *http.Response) {
 	c.onAnswer(resp.StatusCode)
 }
 
-// IntermediarySign names what an answer showed of something between confshim and
+// intermediarySign names what an answer showed of something between confshim and
 // APISIX: a Via header, a Server that is not APISIX's (or none: APISIX always sends
 // one), an X-Envoy-* header. "" when the answer looks like APISIX's own.
-func IntermediarySign(h http.Header) string {
+func intermediarySign(h http.Header) string {
 	if h.Get("Via") != "" {
 		return "Via"
 	}
@@ -176,7 +176,7 @@ func (c *Client) noteIntermediary(h http.Header) {
 	if c.intermediary.Load() != nil {
 		return
 	}
-	if sign := IntermediarySign(h); sign != "" && c.intermediary.CompareAndSwap(nil, &sign) {
+	if sign := intermediarySign(h); sign != "" && c.intermediary.CompareAndSwap(nil, &sign) {
 		c.log.Info().Str("event", "intermediary").Str("sign", sign).Msg("an answer shows something between confshim and APISIX")
 	}
 }

@@ -162,7 +162,7 @@ func TestValidateSectionUnderTheCap(t *testing.T) {
 		}
 		items = append(items, fmt.Appendf(nil, `{"id":"r%d","uri":"/r%d","desc":"%s"%s}`, i, i, strings.Repeat("x", 600), plugins))
 	}
-	items = append(items, fmt.Appendf(nil, `{"id":"huge","uri":"/h","desc":"%s"}`, strings.Repeat("y", MaxValidateBody)))
+	items = append(items, fmt.Appendf(nil, `{"id":"huge","uri":"/h","desc":"%s"}`, strings.Repeat("y", maxValidateBody)))
 	found, ok := c.ValidateSection(ctx, keyed(testKey), "routes", items)
 	if !ok || len(found) != 2 || found[0].Index != 2500 || !strings.Contains(found[0].Error, "nope") || found[1].Index != 3000 {
 		t.Fatalf("found %+v ok %v", found, ok)
@@ -186,7 +186,7 @@ func TestIntermediarySigns(t *testing.T) {
 		{http.Header{"Server": {"APISIX/3.17.0"}, "X-Envoy-Upstream-Service-Time": {"3"}}, "X-Envoy-*"},
 		{http.Header{}, "no Server header"},
 	} {
-		if got := IntermediarySign(tc.h); got != tc.want {
+		if got := intermediarySign(tc.h); got != tc.want {
 			t.Errorf("%v: %q, want %q", tc.h, got, tc.want)
 		}
 	}

@@ -68,7 +68,7 @@ func TestDecideConnectionRefusesWhileAnAnswerIsOpen(t *testing.T) {
 }
 
 // TestReadAnswerFreesTheConnection: after readAnswer the next request finds the
-// connection free although it may not dial (noRedial): the sequence of a fallback.
+// connection free although it may not dial (NoRedial): the sequence of a fallback.
 func TestReadAnswerFreesTheConnection(t *testing.T) {
 	srv := chunkedAnswers(t)
 	c := &Client{tr: newTransports(http.DefaultTransport.(*http.Transport).Clone())}

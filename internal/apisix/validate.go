@@ -9,16 +9,16 @@ import (
 	"github.com/confshim/confshim/rewrite"
 )
 
-// MaxValidateBody is APISIX 3.17's cap on a validate body (spec §4.4), less a margin
+// maxValidateBody is APISIX 3.17's cap on a validate body (spec §4.4), less a margin
 // for the envelope.
-const MaxValidateBody = 1572864 - 1024
+const maxValidateBody = 1572864 - 1024
 
 // ValidateSection asks POST /apisix/admin/configs/validate, with the caller's
 // credentials, which of a section's items APISIX rejects, in pieces under its 1.5 MiB
 // cap (an item alone over the cap counts as rejected). ok is false when APISIX could
 // not say (no answer, another status, an error that is not about an item).
 func (c *Client) ValidateSection(ctx context.Context, creds Credentials, section string, items [][]byte) (found []rewrite.Rejection, ok bool) {
-	limit := MaxValidateBody - len(section) - 8
+	limit := maxValidateBody - len(section) - 8
 	for start := 0; start < len(items); {
 		end, size := start, 0
 		for end < len(items) && (end == start || size+len(items[end])+1 <= limit) {

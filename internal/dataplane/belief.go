@@ -2,10 +2,11 @@
 // the state it last read or wrote (versions, items when known, digest and
 // X-Last-Modified), whether that belief is still proven, the record of its own last
 // accepted write (§5.1's "unchanged"), the memory of merge ownership (§8.6), the
-// versions an out-of-band write would be measured against (§7), and the configuration
-// kept for re-seeding (§8.4) with its state file. It owns the PUT lock: every
-// transition runs under it, one call per answer from the data plane. It does no network
-// I/O; a lock-free snapshot feeds /debug/config.
+// versions an out-of-band write would be measured against (§7), the configuration
+// kept for re-seeding (§8.4) with its state file, and the fallback's memory: the items
+// held back in the last accepted sync and the correction made before its PUT (§8.5).
+// It owns the PUT lock: every transition runs under it, one call per answer from the
+// data plane. It does no network I/O; a lock-free snapshot feeds /debug/config.
 package dataplane
 
 import (
@@ -29,8 +30,8 @@ type Options struct {
 }
 
 // Belief is confshim's belief about the data plane. What it holds is read and changed
-// only through the Tx its lock returns; Snapshot, RefreshDue and the state file's
-// writer need no lock.
+// only through the Tx its lock returns; Snapshot, SawState, RefreshDue and the state
+// file's writer need no lock.
 type Belief struct {
 	lock chan struct{}
 
@@ -46,9 +47,9 @@ type Belief struct {
 	// written by an accepted PUT), with no doubt since; 0: not trusted
 	trustedConn uint64
 
-	held       map[string]Held // §8.5: the items held back in the last accepted sync
-	correction *Correction     // and the correction made before that PUT
-	oversized  *Oversized      // the last configuration APISIX could not store (nil: none since a PUT landed)
+	held       map[string]Held     // §8.5: the items held back in the last accepted sync
+	correction *rewrite.Correction // and the correction made before that PUT
+	oversized  *Oversized          // the last configuration APISIX could not store (nil: none since a PUT landed)
 
 	keep       bool
 	kept       *Kept
@@ -150,10 +151,10 @@ type View struct {
 	Digest, LastModified string         // the state's metadata
 	Record               *rewrite.Record
 	Owned                rewrite.Ownership
-	Kept                 *Kept           // the kept configuration (nil: none)
-	Held                 map[string]Held // the items held back in the last accepted sync (do not change)
-	Correction           *Correction     // the correction made before that PUT (nil: none)
-	Oversized            *Oversized      // the last configuration APISIX could not store (nil: none)
+	Kept                 *Kept               // the kept configuration (nil: none)
+	Held                 map[string]Held     // the items held back in the last accepted sync (do not change)
+	Correction           *rewrite.Correction // the correction made before that PUT (nil: none)
+	Oversized            *Oversized          // the last configuration APISIX could not store (nil: none)
 	trustedConn          uint64
 }
 
@@ -206,8 +207,9 @@ func (v View) HeldItem(section, id string) (Held, bool) {
 // Confirm: the state was just confirmed on conn.
 func (t *Tx) Confirm(conn uint64) { b := t.b; b.trustedConn = conn }
 
-// Distrust: a sign of doubt (a failed ping, a re-opened connection, another Server, a
-// PUT not accepted): the next sync reads first.
+// Distrust: the watch saw a sign of doubt (a failed ping, a re-opened connection,
+// another Server): the next sync reads first. (An answer that is not an accepted PUT
+// ends the trust in Answered.)
 func (t *Tx) Distrust() { b := t.b; b.trustedConn = 0 }
 
 // setState changes the state; like every unexported mutator it publishes nothing: each
@@ -245,7 +247,7 @@ func (t *Tx) Read(st *rewrite.State, digest, lastModified string, noHead bool, c
 	if b.keep && st.ItemsKnown && lastModified != "" && !b.keptDescribes(digest, lastModified) {
 		// a read shows the data plane as it is: a re-seed must never put back less
 		// than confshim has seen (§8.4), whatever the sync that read it does next
-		b.setKept(KeptFromState(st, digest, lastModified, b.owned))
+		b.setKept(keptFromState(st, digest, lastModified, b.owned))
 	}
 	return moved
 }
@@ -300,11 +302,11 @@ type Outcome struct {
 	Conn                 uint64            // the decide connection the answer came on (DecideConn)
 
 	// An accepted answer's fallback (§8.5) and caller:
-	Fallback   bool               // --fallback backfill: Held and Correction are recorded
-	Backfilled []string           // sections whose content is a correction, not the client's decided copy
-	Versions   map[string]float64 // a second step's versions, above the corrected PUT's (nil: none)
-	Held       []Held             // every item held back in this sync
-	Correction *Correction        // the correction made before this PUT, for the same client bytes next time
+	Fallback   bool                // --fallback backfill: Held and Correction are recorded
+	Backfilled []string            // sections whose content is a correction, not the client's decided copy
+	Versions   map[string]float64  // a second step's versions, above the corrected PUT's (nil: none)
+	Held       []Held              // every item held back in this sync
+	Correction *rewrite.Correction // the correction made before this PUT, for the same client bytes next time
 }
 
 // Answered is the one transition per answer to a forwarded PUT: the kept
@@ -371,7 +373,7 @@ func (b *Belief) keepAfter(o Outcome) {
 			return
 		}
 		if b.state != nil && b.state.ItemsKnown && b.lastModify != "" {
-			b.setKept(KeptFromState(b.state, b.digest, b.lastModify, b.owned))
+			b.setKept(keptFromState(b.state, b.digest, b.lastModify, b.owned))
 		} else {
 			b.forgetKept() // someone else wrote: the watch reads it back
 		}
@@ -405,7 +407,7 @@ func (b *Belief) noteMerges(res *rewrite.Result) []rewrite.MergeReport {
 	return out
 }
 
-// Backfilled records what a fallback (§8.5) changed after an accepted PUT: the record
+// backfilled records what a fallback (§8.5) changed after an accepted PUT: the record
 // forgets the sections whose content is a correction, not the client's decided copy;
 // a second step that moved versions past the decision's leaves the state to be read
 // again and the kept configuration to be read back.
@@ -443,7 +445,7 @@ func (t *Tx) Refreshed(st *rewrite.State, digest, lastModified string, noHead bo
 	b := t.b
 	defer b.publish()
 	moved := b.read(st, digest, lastModified, noHead, conn)
-	b.setKept(KeptFromState(st, digest, lastModified, b.owned))
+	b.setKept(keptFromState(st, digest, lastModified, b.owned))
 	b.refreshDue.Store(false)
 	return moved
 }

@@ -175,7 +175,7 @@ func mustPrepare(t *testing.T, body string) *rewrite.Prepared {
 
 func TestAReseedIsBelievedAsTheKeptConfiguration(t *testing.T) {
 	b := newBelief(t)
-	k := KeptFromState(readState(t, stored), "d0", "100", nil)
+	k := keptFromState(readState(t, stored), "d0", "100", nil)
 	b.Read(readState(t, `{"routes_conf_version":0,"secrets_conf_version":0}`), "", "", false, 2) // restarted empty
 	if !b.View().Empty(false) {
 		t.Fatal("a state without X-Last-Modified is an empty data plane")

@@ -15,9 +15,6 @@ import (
 // Held is one item held back in the last accepted sync.
 type Held = rewrite.HeldItem
 
-// Correction is the correction made before the last accepted PUT.
-type Correction = rewrite.Correction
-
 // setHeld records the items held back in the accepted sync (their bytes copied out of
 // the request's pooled buffer).
 func (b *Belief) setHeld(held []Held) {

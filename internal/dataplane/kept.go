@@ -26,9 +26,9 @@ type Kept struct {
 	Owned rewrite.Ownership `json:"owned,omitempty"`
 }
 
-// KeptFromState is the configuration a full state read shows, with the memory of
+// keptFromState is the configuration a full state read shows, with the memory of
 // ownership confshim has.
-func KeptFromState(st *rewrite.State, digest, lastModified string, owned rewrite.Ownership) *Kept {
+func keptFromState(st *rewrite.State, digest, lastModified string, owned rewrite.Ownership) *Kept {
 	k := &Kept{Digest: digest, LastModified: lastModified, Versions: map[string]float64{}, Items: map[string]json.RawMessage{}, Owned: owned}
 	for s, v := range st.Versions {
 		k.Versions[s] = v

@@ -16,15 +16,15 @@ import (
 	"github.com/confshim/confshim/rewrite"
 )
 
-// StateFileName is the kept configuration's file in --state-dir.
-const StateFileName = "confshim-state.json"
+// stateFileName is the kept configuration's file in --state-dir.
+const stateFileName = "confshim-state.json"
 
 func writeStateFile(dir string, k *Kept) error {
 	data, err := json.Marshal(k)
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, StateFileName+".*")
+	tmp, err := os.CreateTemp(dir, stateFileName+".*")
 	if err != nil {
 		return err
 	}
@@ -44,7 +44,7 @@ func writeStateFile(dir string, k *Kept) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, StateFileName)); err != nil {
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, stateFileName)); err != nil {
 		return err
 	}
 	if d, err := os.Open(dir); err == nil { // the rename itself survives a crash
@@ -61,7 +61,7 @@ const maxStateString = 1024
 // input like any other: only a regular file is read (a FIFO must not block start-up,
 // /dev/zero must not fill memory), within limit bytes, and every value is checked.
 func readStateFile(dir string, limit int64) (*Kept, error) {
-	name := filepath.Join(dir, StateFileName)
+	name := filepath.Join(dir, stateFileName)
 	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -75,24 +75,24 @@ func readStateFile(dir string, limit int64) (*Kept, error) {
 		return nil, err
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file (%s)", StateFileName, fi.Mode().Type())
+		return nil, fmt.Errorf("%s is not a regular file (%s)", stateFileName, fi.Mode().Type())
 	}
 	if fi.Size() > limit {
-		return nil, fmt.Errorf("%s is %d bytes, over the %d a kept configuration can take", StateFileName, fi.Size(), limit)
+		return nil, fmt.Errorf("%s is %d bytes, over the %d a kept configuration can take", stateFileName, fi.Size(), limit)
 	}
 	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", StateFileName, err)
+		return nil, fmt.Errorf("%s: %w", stateFileName, err)
 	}
 	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("%s grew past %d bytes while read", StateFileName, limit)
+		return nil, fmt.Errorf("%s grew past %d bytes while read", stateFileName, limit)
 	}
 	var k Kept
 	if err := json.Unmarshal(data, &k); err != nil {
-		return nil, fmt.Errorf("%s: not a kept configuration: %v", StateFileName, clipError(err))
+		return nil, fmt.Errorf("%s: not a kept configuration: %v", stateFileName, clipError(err))
 	}
 	if err := k.check(); err != nil {
-		return nil, fmt.Errorf("%s: %w", StateFileName, err)
+		return nil, fmt.Errorf("%s: %w", stateFileName, err)
 	}
 	return &k, nil
 }
@@ -170,7 +170,7 @@ func newStateWriter(dir string, onWrite func(error)) *stateWriter {
 	return &stateWriter{dir: dir, file: make(chan *Kept, 1), stopped: make(chan struct{}), onWrite: onWrite}
 }
 
-func (w *stateWriter) path() string { return filepath.Join(w.dir, StateFileName) }
+func (w *stateWriter) path() string { return filepath.Join(w.dir, stateFileName) }
 
 func (w *stateWriter) hand(next *Kept) {
 	select {

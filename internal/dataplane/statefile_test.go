@@ -49,7 +49,7 @@ func TestHostileStateFiles(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			tc.setup(t, filepath.Join(dir, StateFileName))
+			tc.setup(t, filepath.Join(dir, stateFileName))
 			type loaded struct {
 				b   *Belief
 				err error
@@ -96,7 +96,7 @@ func write(content string) func(t *testing.T, path string) {
 // uses its own), the rest of the file is used.
 func TestStateFileDigestNeverAHeader(t *testing.T) {
 	dir := t.TempDir()
-	write(`{"digest":"a\r\nX-Evil: 1","last_modified":"1","versions":{"routes":1}}`)(t, filepath.Join(dir, StateFileName))
+	write(`{"digest":"a\r\nX-Evil: 1","last_modified":"1","versions":{"routes":1}}`)(t, filepath.Join(dir, stateFileName))
 	k, err := readStateFile(dir, 1<<20)
 	if err != nil || k == nil || k.Digest != "" || k.LastModified != "" || k.Versions["routes"] != 1 {
 		t.Fatalf("%+v %v", k, err)
@@ -122,7 +122,7 @@ func TestStateFileFlushedOnShutdown(t *testing.T) {
 	}
 	cancel()
 	b.Wait()
-	data, err := os.ReadFile(filepath.Join(dir, StateFileName))
+	data, err := os.ReadFile(filepath.Join(dir, stateFileName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestKeptNeverSendsAnEmptySectionAsAnObject(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, err := KeptFromState(st, "d", "1", nil).Body()
+	body, err := keptFromState(st, "d", "1", nil).Body()
 	if err != nil {
 		t.Fatal(err)
 	}

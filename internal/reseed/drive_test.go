@@ -129,7 +129,7 @@ func each(d time.Duration) func(int) time.Duration { return func(int) time.Durat
 
 // perMB is a real APISIX's look: a decode of the stored document at 25 ms per MB
 // (spec §11).
-func perMB(stored int) time.Duration { return SizeCost(stored) }
+func perMB(stored int) time.Duration { return sizeCost(stored) }
 
 // drive starts a watcher whose clock moves interval per tick and, per look (a HEAD of
 // the configuration, which costs APISIX a decode), what lookCost says for the bytes
@@ -201,7 +201,7 @@ func (d *driven) store(t *testing.T, body string) {
 }
 
 // TestWatchLooksFollowTheirCost: over 1.5 s of idle by the watch's clock, it looks at
-// the configuration as often as its cost allows (LookInterval), never more often than
+// the configuration as often as its cost allows (lookInterval), never more often than
 // each tick and at least once per safety interval, and pings at every tick.
 func TestWatchLooksFollowTheirCost(t *testing.T) {
 	const interval, idleTicks = 10 * time.Millisecond, 150

@@ -113,7 +113,7 @@ func TestWatchKeepsItsBudgetAfterGrowth(t *testing.T) {
 	for m := range minutes {
 		share := float64(spent[m]) / float64(time.Minute)
 		t.Logf("minute %d after growth (%.1f MB stored, a look %v): %d look(s), %.2f %% of a worker", m+1, float64(stored)/1e6,
-			SizeCost(stored).Round(time.Millisecond), perMinute[m], 100*share)
+			sizeCost(stored).Round(time.Millisecond), perMinute[m], 100*share)
 		if share > 0.005 {
 			t.Errorf("minute %d after growth: %d looks cost %v, over 0.5 %% of a worker", m+1, perMinute[m], spent[m])
 		}
@@ -122,12 +122,12 @@ func TestWatchKeepsItsBudgetAfterGrowth(t *testing.T) {
 	// minute, one tick and the look itself
 	prev := grown
 	for _, lk := range looks {
-		if gap := lk.at.Sub(prev); gap > time.Minute+interval+SizeCost(stored) {
+		if gap := lk.at.Sub(prev); gap > time.Minute+interval+sizeCost(stored) {
 			t.Errorf("%v without a look at %v after growth", gap, prev.Sub(grown))
 		}
 		prev = lk.at
 	}
-	if gap := d.clock.Now().Sub(prev); gap > time.Minute+interval+SizeCost(stored) {
+	if gap := d.clock.Now().Sub(prev); gap > time.Minute+interval+sizeCost(stored) {
 		t.Errorf("no look in the last %v", gap)
 	}
 	if after := d.srv.Emulator.Costs(); after.DecodesGET-before.DecodesGET != 1 {
@@ -196,7 +196,7 @@ func TestLookCostIsJudgedBeforeTheLook(t *testing.T) {
 	if got := w.lookCost(&st); got != 275*time.Millisecond {
 		t.Fatalf("11 MB kept: %v, want 275ms before any look", got)
 	}
-	if got := w.LookInterval(w.lookCost(&st)); got != time.Minute {
+	if got := w.lookInterval(w.lookCost(&st)); got != time.Minute {
 		t.Fatalf("11 MB: a look every %v", got)
 	}
 	st.latency = nextLatency(st.latency, 400*time.Millisecond) // one slow answer

@@ -12,7 +12,7 @@
 //     configs HEAD that tells an empty data plane is asked on such evidence (the ping
 //     had to open a new connection, failed, or saw another Server version), when the
 //     kept configuration could not be derived, and otherwise as often as a cost budget
-//     allows (LookInterval): between --reseed-interval and once a minute. A look's cost
+//     allows (lookInterval): between --reseed-interval and once a minute. A look's cost
 //     is judged before it is sent, from the stored document's size confshim knows (the
 //     kept configuration: what it last forwarded in an accepted PUT, read or re-seeded),
 //     so the budget holds in the minutes right after a sync grew the configuration.
@@ -39,9 +39,9 @@ import (
 	"github.com/confshim/confshim/rewrite"
 )
 
-// SafetyInterval bounds how long an unnoticed change can go unseen by the watch: at
+// safetyInterval bounds how long an unnoticed change can go unseen by the watch: at
 // least one configs HEAD a minute, however large the configuration.
-const SafetyInterval = time.Minute
+const safetyInterval = time.Minute
 
 // lookBudget is the share of an APISIX worker the watch's looks may take in any
 // minute: a look (a configs HEAD) makes APISIX decode its whole stored document on the
@@ -58,16 +58,16 @@ const budgetWindow = time.Minute
 // (spec §11: a configs HEAD decodes the whole document, ≈ 25 ms per MB on a real 3.17).
 const decodePerMB = 25 * time.Millisecond
 
-// SizeCost is what a look at a stored document of n bytes costs APISIX: one decode.
-func SizeCost(n int) time.Duration {
+// sizeCost is what a look at a stored document of n bytes costs APISIX: one decode.
+func sizeCost(n int) time.Duration {
 	return time.Duration(float64(decodePerMB) * float64(n) / 1e6)
 }
 
 // maxLoggedSections bounds a re-seed's log line (§5.7).
 const maxLoggedSections = 32
 
-// Learnt is how the watch learnt an out-of-band write.
-const Learnt = "watch"
+// learnt is how the watch learnt an out-of-band write.
+const learnt = "watch"
 
 // Host is what the watcher needs of the handler it serves: the state read as the PUT
 // path makes it, and where to say what the watch learnt.
@@ -84,7 +84,7 @@ type Host interface {
 // Config is what the watcher needs.
 type Config struct {
 	Interval       time.Duration // --reseed-interval (> 0)
-	SafetyInterval time.Duration // the longest between looks (0: SafetyInterval)
+	SafetyInterval time.Duration // the longest between looks (0: safetyInterval)
 	AdminKey       string        // --admin-key: for the watch's own requests
 	API            *apisix.Client
 	Belief         *dataplane.Belief
@@ -111,7 +111,7 @@ type Watcher struct {
 // New returns the watcher; Start runs it.
 func New(cfg Config) *Watcher {
 	if cfg.SafetyInterval <= 0 {
-		cfg.SafetyInterval = SafetyInterval
+		cfg.SafetyInterval = safetyInterval
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -147,7 +147,7 @@ func (w *Watcher) credentials() (apisix.Credentials, bool) {
 	return *creds, true
 }
 
-// LookInterval is how long the watch waits between looks with nothing suspicious seen,
+// lookInterval is how long the watch waits between looks with nothing suspicious seen,
 // for looks that cost APISIX cost each: as often as the budget allows in every minute,
 // never more often than --reseed-interval, at least once per safety interval (a
 // minute). Looks at least budgetWindow/k apart put at most k of them in any minute, so
@@ -155,7 +155,7 @@ func (w *Watcher) credentials() (apisix.Credentials, bool) {
 // (cost / budget would let two looks of 0.15–0.24 s fall into one minute). A few
 // hundred routes are looked at every second; 10,000 (≈ 70 ms) every 20 s; 40,000
 // (≈ 0.28 s) once a minute.
-func (w *Watcher) LookInterval(cost time.Duration) time.Duration {
+func (w *Watcher) lookInterval(cost time.Duration) time.Duration {
 	d := w.cfg.SafetyInterval
 	if cost <= 0 {
 		d = w.cfg.Interval
@@ -231,7 +231,7 @@ func (w *Watcher) lookCost(st *watchState) time.Duration {
 			st.bytes = n
 		}
 	}
-	return max(SizeCost(st.bytes), st.latency)
+	return max(sizeCost(st.bytes), st.latency)
 }
 
 // tick pings the data plane and looks at its configuration when something suggests it
@@ -261,7 +261,7 @@ func (w *Watcher) tick(ctx context.Context, st *watchState, at time.Time) bool {
 		st.suspect = true // a new connection, or another APISIX answering
 	}
 	st.lastServer = server
-	if !st.suspect && !b.RefreshDue() && at.Sub(st.lastCheck) < w.LookInterval(w.lookCost(st)) {
+	if !st.suspect && !b.RefreshDue() && at.Sub(st.lastCheck) < w.lookInterval(w.lookCost(st)) {
 		return true
 	}
 	w.cfg.Log.Debug().Str("event", "watch").Bool("suspect", st.suspect).Msg("looking at the data plane's configuration")
@@ -330,7 +330,7 @@ func (w *Watcher) refresh(ctx context.Context, digest, lastModified string) {
 	if err != nil || lm == "" {
 		return
 	}
-	w.cfg.Host.NoteMoves(tx.Refreshed(st, d, lm, w.cfg.API.NoHead(), w.cfg.API.DecideConn()), Learnt)
+	w.cfg.Host.NoteMoves(tx.Refreshed(st, d, lm, w.cfg.API.NoHead(), w.cfg.API.DecideConn()), learnt)
 	w.cfg.Log.Debug().Str("event", "kept_refreshed").Msg("read the data plane's configuration back after a write confshim did not make")
 }
 

@@ -25,19 +25,19 @@ func TestLookIntervalFollowsTheCost(t *testing.T) {
 		{"40k routes (276 ms)", 276 * time.Millisecond, time.Minute},
 		{"40k routes (342 ms)", 342 * time.Millisecond, time.Minute},
 	} {
-		if got := w.LookInterval(tc.cost); got != tc.want {
+		if got := w.lookInterval(tc.cost); got != tc.want {
 			t.Errorf("%s: look every %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }
 
-// TestLookIntervalKeepsEveryMinuteInBudget: looks spaced by LookInterval put at most
+// TestLookIntervalKeepsEveryMinuteInBudget: looks spaced by lookInterval put at most
 // ceil(minute / interval) of them into any minute; for every cost the budget can hold
 // at all (a look of up to 0.3 s), they cost at most 0.5 % of it.
 func TestLookIntervalKeepsEveryMinuteInBudget(t *testing.T) {
 	w := New(Config{Interval: time.Second})
 	for cost := 100 * time.Microsecond; cost <= 300*time.Millisecond; cost += 100 * time.Microsecond {
-		iv := w.LookInterval(cost)
+		iv := w.lookInterval(cost)
 		perMinute := math.Ceil(float64(time.Minute) / float64(iv))
 		if spent := perMinute * float64(cost); spent > 0.005*float64(time.Minute) {
 			t.Fatalf("looks of %v every %v: %.0f in a minute cost %v, over 0.5 %%", cost, iv, perMinute, time.Duration(spent))

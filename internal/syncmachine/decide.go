@@ -27,13 +27,13 @@ func (s *Sync) decide(fresh bool) Action {
 	}
 	v := s.tx.View()
 	if fresh || v.State == nil || s.conn.NoHead {
-		return s.to(PhaseRead, Read{})
+		return s.to(phaseRead, Read{})
 	}
 	if s.conn.Trusted && v.Trusts(s.conn.ID) {
 		s.round.state = v.State // unread: APISIX's version check proves it
 		return s.stateKnown()
 	}
-	return s.to(PhaseLook, Head{})
+	return s.to(phaseLook, Head{})
 }
 
 // to enters phase with its action.
@@ -52,7 +52,7 @@ func (s *Sync) looked(ev Event) Action {
 		s.round.state, s.round.proven = v.State, true
 		return s.stateKnown()
 	}
-	return s.to(PhaseRead, Read{})
+	return s.to(phaseRead, Read{})
 }
 
 // readState records a read: the state, and the out-of-band writes it shows.
@@ -79,7 +79,7 @@ func (s *Sync) stateKnown() Action {
 	v := s.tx.View()
 	if s.cfg.Reseeds && !s.round.reseeded && v.Kept != nil && v.Empty(s.conn.NoHead) {
 		s.round.reseeded = true
-		return s.to(PhaseReseed, Reseed{})
+		return s.to(phaseReseed, Reseed{})
 	}
 	return s.steadyState()
 }
@@ -89,7 +89,7 @@ func (s *Sync) reseeded(ev Event) Action {
 		s.round.state = s.tx.View().State
 		return s.steadyState()
 	}
-	return s.to(PhaseReseedRead, Read{})
+	return s.to(phaseReseedRead, Read{})
 }
 
 // rereadAfterReseed: the kept configuration did not go back; someone may have written
@@ -100,7 +100,7 @@ func (s *Sync) rereadAfterReseed(ev Event) Action {
 	}
 	s.recordRead(ev.Read)
 	if s.tx.View().Empty(s.conn.NoHead) {
-		return s.fail(Failure{Kind: FailReseedPending, Err: ErrReseedPending})
+		return s.fail(Failure{Kind: FailReseedPending, Err: errReseedPending})
 	}
 	return s.steadyState()
 }
@@ -182,7 +182,7 @@ func (s *Sync) steadyNext() Action {
 	if len(check) > 0 {
 		w.check = check
 		r := check[0]
-		return s.to(PhaseSteadyCheck, Validate{Section: r.Section, Items: [][]byte{w.plan.Items(r.Section)[r.Index].Raw}, Until: s.budgetEnd()})
+		return s.to(phaseSteadyCheck, Validate{Section: r.Section, Items: [][]byte{w.plan.Items(r.Section)[r.Index].Raw}, Until: s.budgetEnd()})
 	}
 	if len(hold) == 0 {
 		return s.decideBody()
@@ -190,7 +190,7 @@ func (s *Sync) steadyNext() Action {
 	v := s.tx.View()
 	accepted := acceptedOf(v)
 	if accepted == nil {
-		return s.to(PhaseSteadyCopies, Read{})
+		return s.to(phaseSteadyCopies, Read{})
 	}
 	return s.holdBeforePut(accepted, hold)
 }
@@ -272,9 +272,9 @@ func (s *Sync) decideBody() Action {
 		// writer set meanwhile, or the data plane's items went into the body: the
 		// decision stands only on a state shown current (§5.4), so look first
 		s.round.res = res
-		return s.to(PhaseProve, Head{})
+		return s.to(phaseProve, Head{})
 	case errors.Is(err, rewrite.ErrStateIncomplete):
-		return s.to(PhaseProveRead, Read{})
+		return s.to(phaseProveRead, Read{})
 	}
 	return s.decided(res, err)
 }
@@ -289,7 +289,7 @@ func (s *Sync) proved(ev Event) Action {
 		s.tx.Confirm(s.conn.ID)
 		return s.decided(s.round.res, nil)
 	}
-	return s.to(PhaseProveRead, Read{})
+	return s.to(phaseProveRead, Read{})
 }
 
 // readForProof decides again on the state read.
@@ -362,7 +362,7 @@ func (s *Sync) send() Action {
 			put.Release, s.round.buf = s.round.buf, nil // the driver gives it back once sent
 		}
 	}
-	return s.to(PhasePut, put)
+	return s.to(phasePut, put)
 }
 
 // outgoing is what to forward: the body's bytes, or the rewritten ones.

@@ -14,7 +14,7 @@ import (
 // After the PUT: an accepted answer is recorded (one transition) and, when it held
 // items back that wait for what the data plane holds, the second step looks for them;
 // a version conflict, or a data plane that moved under a fallback, decides the whole
-// sync again once (§5.4); a closed decide connection redials at most MaxRedials times;
+// sync again once (§5.4); a closed decide connection redials at most maxRedials times;
 // a 400 for an item starts the fallback's rounds (§8.5, --fallback backfill): APISIX
 // is asked which items it rejects, each is replaced by its accepted copy or left out,
 // and the corrected PUT is sent once. What cannot go on ends on the last complete
@@ -60,11 +60,11 @@ func (s *Sync) putLost(ev Event) Action {
 		// (the first PUT, the rest of the sync, is applied)
 		s.tx.Forget()
 		return s.fail(Failure{Kind: FailUpstream, Err: ev.Err, What: "the second PUT of --fallback backfill (APISIX may have applied it; the rest of the sync is applied)"})
-	case r.res != nil && r.untouched == "" && s.redials < MaxRedials && (errors.Is(ev.Err, apisix.ErrRedial) || ev.Broke):
+	case r.res != nil && r.untouched == "" && s.redials < maxRedials && (errors.Is(ev.Err, apisix.ErrRedial) || ev.Broke):
 		s.redials++
 		s.tx.Forget() // the PUT may have landed: what the read shows is not a stranger's
 		s.note(Note{Kind: NoteRedial, Err: ev.Err})
-		return s.to(PhaseReturn, AwaitReturn{Until: s.in.Start.Add(RestartPatience)})
+		return s.to(phaseReturn, AwaitReturn{Until: s.in.Start.Add(restartPatience)})
 	}
 	return s.fail(Failure{Kind: FailUpstream, Err: ev.Err, What: "PUT " + apisix.ConfigsPath})
 }
@@ -122,7 +122,7 @@ func (s *Sync) accepted(ans *apisix.Answer, o dataplane.Outcome, sent Outgoing) 
 	// §8.5's second step: APISIX checks these against what its workers have applied,
 	// which follows a 202 within about a second (a 200 under ?wait: already applied,
 	// so one look is enough); the second PUT must still fit in the budget
-	until := earliest(s.now.Add(SecondStepWindow), s.budgetEnd().Add(-s.took))
+	until := earliest(s.now.Add(secondStepWindow), s.budgetEnd().Add(-s.took))
 	if ans.Status == http.StatusOK {
 		until = s.now.Add(1) // one pass, no pause
 	}
@@ -149,7 +149,7 @@ func (s *Sync) awaitNext() Action {
 	st := &s.second
 	if st.index < len(st.waiting) {
 		h := st.waiting[st.index]
-		return s.to(PhaseAwait, Validate{Section: h.Section, Items: [][]byte{h.Raw}, Until: s.budgetEnd()})
+		return s.to(phaseAwait, Validate{Section: h.Section, Items: [][]byte{h.Raw}, Until: s.budgetEnd()})
 	}
 	if st.passed {
 		// the second PUT is the client's body decided again on what the first left,
@@ -165,7 +165,7 @@ func (s *Sync) awaitNext() Action {
 		return s.end(nil)
 	}
 	st.index = 0
-	return s.to(PhasePause, Pause{Until: earliest(s.now.Add(SecondStepPause), st.until)})
+	return s.to(phasePause, Pause{Until: earliest(s.now.Add(secondStepPause), st.until)})
 }
 
 // awaited: what validate said of one waiting item alone.
@@ -194,7 +194,7 @@ func (s *Sync) paused(ev Event) Action {
 // sync applied before may be gone. A second time, the client gets APISIX's answer.
 func (s *Sync) moved(ans *apisix.Answer, carried []HeldItem) Action {
 	s.tx.Doubt() // something wrote in between: never trust the cache again
-	s.learnt = LearntByConflict
+	s.learnt = learntByConflict
 	s.applied = nil
 	if s.conflicted || s.round.res == nil || s.round.untouched != "" {
 		return s.end(ans)
@@ -248,7 +248,7 @@ func (s *Sync) roundStart() Action {
 	fb := s.fb
 	if !s.conn.HasValidate {
 		r, ok := apisix.PutRejection(fb.answer)
-		if !ok || fb.round >= MaxPrefixRounds {
+		if !ok || fb.round >= maxPrefixRounds {
 			return s.noRejections()
 		}
 		return s.rejectionsFound([]rewrite.Rejection{r})
@@ -265,7 +265,7 @@ func (s *Sync) validateNext() Action {
 	for len(fb.sections) > 0 {
 		items := fb.plan.Items(fb.sections[0])
 		if len(items) > 0 {
-			return s.to(PhaseFind, Validate{Section: fb.sections[0], Items: rawItems(items), Until: s.budgetEnd()})
+			return s.to(phaseFind, Validate{Section: fb.sections[0], Items: rawItems(items), Until: s.budgetEnd()})
 		}
 		fb.sections = fb.sections[1:]
 	}
@@ -305,7 +305,7 @@ func (s *Sync) rejectionsFound(found []rewrite.Rejection) Action {
 	fb.found = found
 	if fb.accepted == nil {
 		if fb.accepted = acceptedOf(s.tx.View()); fb.accepted == nil {
-			return s.to(PhaseCopies, Read{})
+			return s.to(phaseCopies, Read{})
 		}
 	}
 	return s.checkCopies()
@@ -331,7 +331,7 @@ func (s *Sync) checkCopies() Action {
 	}
 	if len(fb.copies) > 0 {
 		c := fb.copies[0]
-		return s.to(PhaseCheckCopies, Validate{Section: c.Section, Items: c.Raws, Until: s.budgetEnd()})
+		return s.to(phaseCheckCopies, Validate{Section: c.Section, Items: c.Raws, Until: s.budgetEnd()})
 	}
 	return s.holdRound()
 }
@@ -363,9 +363,9 @@ func (s *Sync) holdRound() Action {
 		// items at a version that beats APISIX's check: it stands only on the state the
 		// sync was decided on (an out-of-band write during the validate calls would be
 		// overwritten, §5.4)
-		return s.to(PhaseHolds, Head{})
+		return s.to(phaseHolds, Head{})
 	}
-	return s.to(PhaseCorrected, Put{Conn: apisix.Decide, Out: fb.next})
+	return s.to(phaseCorrected, Put{Conn: apisix.Decide, Out: fb.next})
 }
 
 // correctedPut is the corrected PUT: its body, and a digest of its own (another body
@@ -388,7 +388,7 @@ func (s *Sync) correctedPut(body []byte, held []HeldItem) Outgoing {
 func (s *Sync) stillHolds(ev Event) Action {
 	v := s.tx.View()
 	if ev.Err == nil && ev.Meta != nil && ev.Meta.LastModified != "" && ev.Meta.Digest == v.Digest && ev.Meta.LastModified == v.LastModified {
-		return s.to(PhaseCorrected, Put{Conn: apisix.Decide, Out: s.fb.next})
+		return s.to(phaseCorrected, Put{Conn: apisix.Decide, Out: s.fb.next})
 	}
 	return s.moved(nil, s.fb.held)
 }

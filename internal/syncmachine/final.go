@@ -112,7 +112,7 @@ func (s *Sync) fail(why Failure) Action {
 
 func (s *Sync) finish(f *Final) Action {
 	s.final = f
-	s.phase = PhaseDone
+	s.phase = phaseDone
 	return Done{Final: f}
 }
 

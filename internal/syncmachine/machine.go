@@ -164,30 +164,30 @@ type Outgoing struct {
 
 // Limits of one sync.
 const (
-	// MaxRedials bounds how often one PUT is decided again because the connection its
+	// maxRedials bounds how often one PUT is decided again because the connection its
 	// state was read on closed (a restarting data plane).
-	MaxRedials = 2
-	// MaxPrefixRounds bounds the rounds on 3.13/3.14, one held item per round.
-	MaxPrefixRounds = 8
-	// RestartPatience is how long after its arrival a sync whose connection broke waits
+	maxRedials = 2
+	// maxPrefixRounds bounds the rounds on 3.13/3.14, one held item per round.
+	maxPrefixRounds = 8
+	// restartPatience is how long after its arrival a sync whose connection broke waits
 	// for the data plane to answer again before a fresh decision.
-	RestartPatience = 5 * time.Second
-	// SecondStepWindow and SecondStepPause: how long and how often items rejected for
+	restartPatience = 5 * time.Second
+	// secondStepWindow and secondStepPause: how long and how often items rejected for
 	// what the data plane holds are validated again after a PUT that held them
 	// (APISIX's workers apply an accepted PUT within about a second).
-	SecondStepWindow = 2 * time.Second
-	SecondStepPause  = 200 * time.Millisecond
+	secondStepWindow = 2 * time.Second
+	secondStepPause  = 200 * time.Millisecond
 )
 
 // How confshim learnt of an out-of-band write.
 const (
-	LearntByConflict = "version_conflict" // APISIX refused a PUT decided on the old versions
-	LearntByReread   = "re_read"          // the state read before a PUT found another digest
+	learntByConflict = "version_conflict" // APISIX refused a PUT decided on the old versions
+	learntByReread   = "re_read"          // the state read before a PUT found another digest
 )
 
-// ErrReseedPending: the data plane was found empty and the kept configuration could not
+// errReseedPending: the data plane was found empty and the kept configuration could not
 // be put back first; the sync is not decided on the empty state.
-var ErrReseedPending = errors.New("the data plane lost its configuration; re-seeding it did not succeed")
+var errReseedPending = errors.New("the data plane lost its configuration; re-seeding it did not succeed")
 
 // Sync is one sync's state: everything Step needs, in one value.
 type Sync struct {
@@ -265,7 +265,7 @@ type secondStep struct {
 // Start begins a sync under the PUT lock: ev carries the time and the connection as
 // the lock was taken.
 func Start(cfg *Config, in Input, tx Belief, ev Event) (*Sync, Action) {
-	s := &Sync{cfg: cfg, in: in, tx: tx, learnt: LearntByReread, holdAgain: true, recheck: rewrite.Recheck{},
+	s := &Sync{cfg: cfg, in: in, tx: tx, learnt: learntByReread, holdAgain: true, recheck: rewrite.Recheck{},
 		body: upfront{in: in.Client, prepared: in.Prepared}}
 	s.observe(ev)
 	return s, s.decide(false)
@@ -283,39 +283,39 @@ func earliest(a, b time.Time) time.Time {
 func (s *Sync) Step(ev Event) Action {
 	s.observe(ev)
 	switch s.phase {
-	case PhaseLook:
+	case phaseLook:
 		return s.looked(ev)
-	case PhaseRead:
+	case phaseRead:
 		return s.readState(ev)
-	case PhaseReseed:
+	case phaseReseed:
 		return s.reseeded(ev)
-	case PhaseReseedRead:
+	case phaseReseedRead:
 		return s.rereadAfterReseed(ev)
-	case PhaseSteadyCheck:
+	case phaseSteadyCheck:
 		return s.steadyChecked(ev)
-	case PhaseSteadyCopies:
+	case phaseSteadyCopies:
 		return s.steadyCopies(ev)
-	case PhaseProve:
+	case phaseProve:
 		return s.proved(ev)
-	case PhaseProveRead:
+	case phaseProveRead:
 		return s.readForProof(ev)
-	case PhasePut:
+	case phasePut:
 		return s.putAnswered(ev)
-	case PhaseReturn:
+	case phaseReturn:
 		return s.decide(true)
-	case PhaseFind:
+	case phaseFind:
 		return s.found(ev)
-	case PhaseCopies:
+	case phaseCopies:
 		return s.copiesRead(ev)
-	case PhaseCheckCopies:
+	case phaseCheckCopies:
 		return s.copiesChecked(ev)
-	case PhaseHolds:
+	case phaseHolds:
 		return s.stillHolds(ev)
-	case PhaseCorrected:
+	case phaseCorrected:
 		return s.correctedAnswered(ev)
-	case PhaseAwait:
+	case phaseAwait:
 		return s.awaited(ev)
-	case PhasePause:
+	case phasePause:
 		return s.paused(ev)
 	}
 	panic("syncmachine: Step after Done, or in an unknown phase " + string(s.phase))

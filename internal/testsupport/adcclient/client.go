@@ -29,13 +29,13 @@ import (
 	"time"
 )
 
-// Modelled are the sections ADC creates, updates and deletes (secrets: as the controller
+// modelled are the sections ADC creates, updates and deletes (secrets: as the controller
 // will, apache/apisix-ingress-controller#2831; only when the configuration has them).
-var Modelled = []string{"routes", "services", "upstreams", "consumers", "ssls", "global_rules", "plugin_metadata", "stream_routes", "secrets"}
+var modelled = []string{"routes", "services", "upstreams", "consumers", "ssls", "global_rules", "plugin_metadata", "stream_routes", "secrets"}
 
-// Sections030 are the only sections ADC 0.30 reads, keeps and sends (§13): never
+// sections030 are the only sections ADC 0.30 reads, keeps and sends (§13): never
 // secrets, plugin_configs, consumer_groups, protos or plugins.
-var Sections030 = []string{"routes", "services", "upstreams", "ssls", "consumers", "global_rules", "plugin_metadata", "stream_routes"}
+var sections030 = []string{"routes", "services", "upstreams", "ssls", "consumers", "global_rules", "plugin_metadata", "stream_routes"}
 
 // UserAgent starts the User-Agent of every request a Client sends.
 const UserAgent = "adcclient/"
@@ -194,8 +194,8 @@ func only030(members []member) []member {
 	for _, m := range members {
 		byKey[m.key] = m.raw
 	}
-	out := make([]member, 0, 2*len(Sections030))
-	for _, s := range Sections030 {
+	out := make([]member, 0, 2*len(sections030))
+	for _, s := range sections030 {
 		v := byKey[s+"_conf_version"]
 		if len(v) == 0 {
 			v = json.RawMessage("0")
@@ -293,10 +293,10 @@ func (c *Client) Body(cfg Config, t int64) []byte {
 		index[key] = len(members)
 		members = append(members, member{key: key, raw: raw})
 	}
-	for _, section := range Modelled {
+	for _, section := range modelled {
 		desired, managed := cfg[section]
 		if c.Gen == Gen030 {
-			if !slices.Contains(Sections030, section) {
+			if !slices.Contains(sections030, section) {
 				continue // never sent
 			}
 			if desired == nil {

@@ -16,7 +16,7 @@ import (
 
 // Options configure a Server.
 type Options struct {
-	// Emulator configures the emulator; its DictSize defaults to DeployedDictSize.
+	// Emulator configures the emulator; its DictSize defaults to deployedDictSize.
 	Emulator emulator.Options
 	// Wrap puts something between the client and the emulator (faults, recorders).
 	Wrap func(http.Handler) http.Handler
@@ -33,16 +33,16 @@ type Server struct {
 	srv     *http.Server
 }
 
-// DeployedDictSize is the standalone-config dict of the APISIX the project deploys
+// deployedDictSize is the standalone-config dict of the APISIX the project deploys
 // (deploy/compose/apisix/config.yaml, the controller's e2e: 50m), not APISIX's default
 // 10m: the fixtures' 40,000 routes (≈ 11 MB) fit it, as they do in production.
-const DeployedDictSize = 50 << 20
+const deployedDictSize = 50 << 20
 
 // Start serves a new emulator; it stops when the test ends.
 func Start(t testing.TB, o Options) *Server {
 	t.Helper()
 	if o.Emulator.DictSize == 0 {
-		o.Emulator.DictSize = DeployedDictSize
+		o.Emulator.DictSize = deployedDictSize
 	}
 	em, err := emulator.New(o.Emulator)
 	if err != nil {
