@@ -11,8 +11,14 @@ apisix) pkg=./integration/cmd/apisix-standalone bin=apisix-standalone ;;
 adc) pkg=./integration/cmd/adc-server bin=adc-server ;;
 *) echo "standin-image.sh: apisix or adc, not $kind" >&2; exit 2 ;;
 esac
+# the legacy builder where the CLI has no buildx (these Dockerfiles need no BuildKit)
+[ -n "${DOCKER_BUILDKIT:-}" ] || "$DOCKER" buildx version >/dev/null 2>&1 || export DOCKER_BUILDKIT=0
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 cp -R "$root/tools/image-test/standins/$kind/." "$ctx/"
 (cd "$root" && CGO_ENABLED=0 ${GO:-go} build -trimpath -o "$ctx/$bin" "$pkg")
-"$DOCKER" build -q --build-arg BASE="$BASE" -t "$tag" "$ctx" >/dev/null
+if ! "$DOCKER" build -q --build-arg BASE="$BASE" -t "$tag" "$ctx" >"$ctx/build.log" 2>&1; then
+	echo "standin-image.sh: building $tag on $BASE failed:" >&2
+	tail -5 "$ctx/build.log" >&2
+	exit 1
+fi
