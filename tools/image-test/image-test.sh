@@ -159,6 +159,7 @@ have_image() { $DOCKER image inspect "$1" >/dev/null 2>&1; }
 standin() { [ "$($DOCKER image inspect -f '{{index .Config.Labels "org.confshim.standin"}}' "$1" 2>/dev/null)" != "" ]; }
 
 bookworm=$CACHE/bookworm
+MADE_BASE=
 if ! have_image "$BUILDER_IMAGE" || ! have_image "$STATIC_IMAGE"; then
 	if [ ! -f "$bookworm/.complete" ]; then
 		say "debootstrap bookworm into $bookworm (about 30 s)"
@@ -171,6 +172,7 @@ if ! have_image "$BUILDER_IMAGE" || ! have_image "$STATIC_IMAGE"; then
 	fi
 fi
 if ! have_image "$STATIC_IMAGE"; then
+	MADE_BASE=1
 	say "making $STATIC_IMAGE (stand-in: passwd/group with nonroot 65532, CA bundle, zoneinfo, /tmp)"
 	static=$CACHE/static
 	rm -rf "$static" && mkdir -p "$static"/{etc/ssl/certs,usr/share,tmp,home/nonroot,root}
@@ -191,6 +193,7 @@ if ! have_image "$STATIC_IMAGE"; then
 fi
 if ! have_image "$BUILDER_IMAGE"; then
 	goroot=$($GO env GOROOT)
+	MADE_BASE=1
 	say "making $BUILDER_IMAGE (stand-in: debootstrapped bookworm + $($GO env GOVERSION) from $goroot, the machine's extra CAs)"
 	cp /usr/local/share/ca-certificates/*.crt "$bookworm/usr/local/share/ca-certificates/" 2>/dev/null || true
 	chroot "$bookworm" update-ca-certificates >/dev/null 2>&1 || fail "update-ca-certificates in $bookworm"
@@ -206,6 +209,10 @@ fi
 say "bases: $BUILDER_IMAGE ($(standin "$BUILDER_IMAGE" && echo stand-in || echo real)), $STATIC_IMAGE ($(standin "$STATIC_IMAGE" && echo stand-in || echo real))"
 
 # --- 3. the image, with the project's Dockerfile
+if [ -n "$MADE_BASE" ]; then
+	# the build cache of a base that was replaced is of no use, and would keep its layers
+	timeout 120 $DOCKER builder prune -af >/dev/null 2>&1 || true
+fi
 t0=$(date +%s)
 timeout 900 $DOCKER build --progress=plain --build-arg VERSION="$VERSION" -t "$IMAGE" . >"$WORK/build.log" 2>&1 ||
 	fail "docker build: $(grep -E 'ERROR|error' "$WORK/build.log" | tail -5)"
