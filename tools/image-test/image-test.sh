@@ -58,6 +58,7 @@ export DOCKER_BUILDKIT=1
 
 # --- cleanup: containers, volumes, compose project, stand-in tags, the dockerd we started
 DOCKERD_PID=
+SAMPLER_PID=
 COMPOSE_UP=
 TAGGED=()
 cleanup() {
@@ -74,6 +75,7 @@ cleanup() {
 		for t in "${TAGGED[@]}"; do $DOCKER rmi "$t" >/dev/null 2>&1; done
 		$DOCKER rmi "$IMAGE" >/dev/null 2>&1
 	fi
+	[ -n "$SAMPLER_PID" ] && kill "$SAMPLER_PID" 2>/dev/null
 	if [ -n "$DOCKERD_PID" ]; then
 		# each run adds the layers of its builds (a new VERSION): the build cache stays
 		# bounded, the most recently used kept (go's module and build caches among them)
@@ -152,6 +154,12 @@ else
 	DOCKERD_PID=$!
 	wait_for 30 "dockerd to answer (log: $WORK/dockerd.log)" $DOCKER info
 	say "dockerd $($DOCKER version -f '{{.Server.Version}}') up (pid $DOCKERD_PID, storage $($DOCKER info -f '{{.Driver}}'))"
+	# every port this engine publishes, sampled through the run: all must be on 127.0.0.1
+	while kill -0 "$DOCKERD_PID" 2>/dev/null; do
+		ss -Hltnp 2>/dev/null | awk '/docker-proxy/{print $4}' >>"$WORK/published"
+		sleep 0.2
+	done &
+	SAMPLER_PID=$!
 fi
 
 # --- 2. the stand-in bases, unless an image of that name is there (a real one included)
@@ -402,6 +410,17 @@ make --no-print-directory integration DOCKER=$DOCKER GO="$GO" EMULATOR_IMAGE=con
 grep -q -- '--- PASS: TestContainerOutOfBandSecrets' "$WORK/integration.log" && grep -q -- '--- PASS: TestContainerLeaderChange' "$WORK/integration.log" ||
 	fail "make integration ran no container test: $(tail -5 "$WORK/integration.log")"
 say "ok: make integration: $(grep -c -- '^--- PASS' "$WORK/integration.log") container tests pass ($(head -1 "$WORK/integration.log" | cut -c1-60)…) in $(($(date +%s) - t0)) s"
+
+if [ -n "$SAMPLER_PID" ]; then
+	kill "$SAMPLER_PID" 2>/dev/null
+	wait "$SAMPLER_PID" 2>/dev/null || true
+	SAMPLER_PID=
+	addrs=$(sort -u "$WORK/published" 2>/dev/null)
+	[ -n "$addrs" ] || fail "the sampler saw no published port"
+	wide=$(grep -v '^127\.0\.0\.1:' <<<"$addrs" || true)
+	[ -z "$wide" ] || fail "the engine published ports beyond 127.0.0.1: $(tr '\n' ' ' <<<"$wide")"
+	say "ok: every port the engine published in this run ($(wc -l <<<"$addrs")) was on 127.0.0.1"
+fi
 
 DISK_DOCKER=$(du -sxh /var/lib/docker 2>/dev/null | cut -f1)
 DISK_CACHE=$(du -sxh "$CACHE" 2>/dev/null | cut -f1)
