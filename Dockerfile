@@ -1,5 +1,7 @@
-# syntax=docker/dockerfile:1
-# confshim: a static binary on distroless static:nonroot. `make docker` builds it.
+# confshim: a static binary on distroless static:nonroot. `make docker` builds it; `make
+# image-test` builds and runs it. No `# syntax=` line: the engine's built-in frontend
+# serves every instruction used here (RUN --mount included, Docker 20.10 on), and a syntax
+# line would make BuildKit pull a frontend image, which a machine without a registry cannot.
 ARG GO_VERSION=1.26
 
 FROM golang:${GO_VERSION} AS build
