@@ -154,7 +154,8 @@ integration:
 # The image built with this Dockerfile and run, and deploy/compose run with stand-ins for
 # APISIX and ADC, on a machine without a registry (tools/image-test/image-test.sh): as
 # root it installs Debian's docker.io when missing and stops the dockerd it started;
-# without root it says why it skips.
+# without root, or where no engine can start, it says why it skips (IMAGE_TEST=require: an
+# engine that cannot start is an error).
 image-test:
 	@bash tools/image-test/image-test.sh
 
