@@ -426,7 +426,8 @@ func (d *debugLog) document(f debugFacts) *debugConfig {
 	d.mu.Unlock()
 	sort.Slice(doc.Merge, func(i, j int) bool { return doc.Merge[i].Section < doc.Merge[j].Section })
 
-	if o := belief.Oversized; o != nil {
+	if n := len(belief.Oversized); n > 0 { // the newest
+		o := belief.Oversized[n-1]
 		doc.TooBig = &debugTooBig{At: o.At, Bytes: o.Bytes, Setting: dictSetting, RetryNotBefore: o.At.Add(syncmachine.OversizedPatience)}
 	}
 	doc.DataPlane.Server, doc.DataPlane.Trust = f.server, f.trust

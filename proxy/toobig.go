@@ -21,14 +21,15 @@ func (rp replies) tooBig(w http.ResponseWriter, f *syncmachine.Failure, now time
 	o := f.Oversized
 	by := metrics.TooBigByAPISIX
 	msg := fmt.Sprintf("APISIX could not store the configuration: %d bytes (%s) as sent do not fit its standalone-config shared dict "+
-		"(failed to save config to shared dict: no memory); raise %s in APISIX's config.yaml above that size (default 10m) and restart APISIX",
+		"(failed to save config to shared dict: no memory; the dict no longer holds the previous configuration either, the workers keep serving it); "+
+		"raise %s in APISIX's config.yaml well above that size (the stored document and the dict's own overhead take more than the body: twice it is safe; default 10m) and restart APISIX",
 		o.Bytes, mebibytes(o.Bytes), dictSetting)
 	if f.Repeat {
 		by = metrics.TooBigByConfshim
 		wait := max(f.RetryAt.Sub(now), time.Second).Round(time.Second)
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)))
-		msg += fmt.Sprintf("; APISIX refused this configuration (the same content, whatever its versions) at %s on the data plane as it still is, "+
-			"so it was not sent again: it is sent again after %s, or at once when it or the data plane changes",
+		msg += fmt.Sprintf("; APISIX refused this configuration (the same content, whatever its versions) at %s and the data plane holds what it held then, or nothing, "+
+			"so it was not sent again: it is sent from %s on, or at once when it changes or another configuration lands on the data plane",
 			o.At.UTC().Format(time.RFC3339), f.RetryAt.UTC().Format(time.RFC3339))
 	}
 	rp.m.ConfigTooBig.WithLabelValues(string(by)).Inc()

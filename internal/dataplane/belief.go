@@ -49,7 +49,7 @@ type Belief struct {
 
 	held       map[string]Held     // §8.5: the items held back in the last accepted sync
 	correction *rewrite.Correction // and the correction made before that PUT
-	oversized  *Oversized          // the last configuration APISIX could not store (nil: none since a PUT landed)
+	oversized  []Oversized         // configurations APISIX could not store since a PUT last landed, newest last
 
 	keep       bool
 	kept       *Kept
@@ -67,9 +67,9 @@ type Belief struct {
 type Snapshot struct {
 	Digest, LastModified string
 	Kept                 *Kept
-	Keeps                bool       // re-seeding is on, so a configuration is kept
-	StateFile            string     // the state file's path ("" without a state dir)
-	Oversized            *Oversized // the last configuration APISIX could not store (nil: none)
+	Keeps                bool        // re-seeding is on, so a configuration is kept
+	StateFile            string      // the state file's path ("" without a state dir)
+	Oversized            []Oversized // configurations APISIX could not store since a PUT last landed, newest last
 }
 
 // Move is a section's version as confshim believed it and as a read found it.
@@ -154,7 +154,7 @@ type View struct {
 	Kept                 *Kept               // the kept configuration (nil: none)
 	Held                 map[string]Held     // the items held back in the last accepted sync (do not change)
 	Correction           *rewrite.Correction // the correction made before that PUT (nil: none)
-	Oversized            *Oversized          // the last configuration APISIX could not store (nil: none)
+	Oversized            []Oversized         // configurations APISIX could not store since a PUT last landed, newest last
 	trustedConn          uint64
 }
 

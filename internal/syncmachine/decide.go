@@ -287,6 +287,7 @@ func (s *Sync) proved(ev Event) Action {
 	}
 	if ev.Meta != nil && s.tx.View().Matches(ev.Meta.Digest, ev.Meta.LastModified) {
 		s.tx.Confirm(s.conn.ID)
+		s.round.proven = true
 		return s.decided(s.round.res, nil)
 	}
 	return s.to(phaseProveRead, Read{})
@@ -347,6 +348,12 @@ func (s *Sync) send() Action {
 		return s.end(nil)
 	}
 	if o := s.refusedAgain(); o != nil {
+		if !s.round.proven {
+			// not sent only on a state shown current: an unread belief would miss a
+			// write that lets it go
+			return s.to(phaseProve, Head{})
+		}
+		s.putBuffer()
 		return s.fail(Failure{Kind: FailTooBig, Oversized: o, Repeat: true, RetryAt: o.At.Add(OversizedPatience)})
 	}
 	v := s.tx.View()

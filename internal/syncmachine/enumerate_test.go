@@ -114,7 +114,11 @@ func runOne(t *testing.T, sc scenario, f flags, choices []answer) *world {
 	w.seenInSync, w.lookedSincePut, w.choices = -1, false, choices
 	final, err := w.run(sc.sync, true)
 	if w.em.Document() == nil {
-		w.watchReseeds() // a restarted data plane is the watch's to fill again (§8.4)
+		// a data plane restarted, or emptied by refusing a document too big for its
+		// dict, is the watch's to fill again (§8.4), at its next look: by then the
+		// workers applied what the dict last held
+		w.tick(2 * time.Second)
+		w.watchReseeds()
 	}
 	if err == nil {
 		if msg := w.check(sc.sync, final); msg != "" {

@@ -422,6 +422,7 @@ func (s *Sync) correctedAnswered(ev Event) Action {
 	}
 	s.refused(ans)
 	if apisix.IsDictFull(ans) {
+		s.note(Note{Kind: NoteFallback, Result: metrics.FallbackRejected, Status: ans.Status, Why: "APISIX could not store the corrected PUT: it does not fit its standalone-config dict"})
 		return s.tooBig(fb.next)
 	}
 	if ans.Status == http.StatusBadRequest && !s.conn.HasValidate && apisix.ItemLevel(ans.Body) {

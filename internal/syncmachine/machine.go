@@ -54,7 +54,7 @@ type Belief interface {
 	Doubt()
 	Forget()
 	Answered(o dataplane.Outcome) []rewrite.MergeReport
-	Oversized(o *dataplane.Oversized)
+	Oversized(o dataplane.Oversized)
 }
 
 // Input is one client's PUT, as received and scanned before the lock.

@@ -61,8 +61,11 @@ type Options struct {
 	// DictSize is the standalone-config shared dict's size in bytes
 	// (nginx_config.meta.lua_shared_dict.standalone-config, default 10m): a PUT whose
 	// encoded document does not fit is answered 500 "failed to save config to shared
-	// dict: no memory" after it was decoded and validated (spec §2 step 8, §11), and
-	// nothing changes. 0: the default 10 MiB.
+	// dict: no memory" after it was decoded and validated (spec §2 step 9, §11). The
+	// dict then holds nothing: lua-nginx-module's set frees the entry it replaces when
+	// the new value has another size, before it allocates the new one
+	// (ngx_http_lua_ffi_shdict_store), so GET and HEAD show an empty data plane while
+	// the workers keep what they applied (no worker event is posted). 0: 10 MiB.
 	DictSize int
 }
 
@@ -97,6 +100,8 @@ type Emulator struct {
 	// what the workers applied before the last accepted PUT, and when that PUT came
 	prevDoc   table
 	appliedAt time.Time
+	// what the workers hold once a PUT too big for the dict emptied it (nil: the dict's)
+	workersOnly table
 }
 
 // Costs are what the PUTs made APISIX do, the work confshim's §8 takes off it.
@@ -241,7 +246,7 @@ func (e *Emulator) Puts() int {
 func (e *Emulator) Restart() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.stored, e.doc, e.prevDoc = nil, nil, nil
+	e.stored, e.doc, e.prevDoc, e.workersOnly = nil, nil, nil, nil
 	e.loaded = time.Now().Add(e.opts.LoadTime)
 }
 
@@ -611,10 +616,14 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(encoded) > e.dictSize() {
+		if e.doc != nil {
+			e.workersOnly = e.doc // its worker event was posted: the workers apply it
+		}
+		e.stored, e.doc = nil, nil // the old entry was freed before the allocation failed
 		writeText(w, http.StatusInternalServerError, "failed to save config to shared dict: no memory")
 		return
 	}
-	e.stored = encoded
+	e.stored, e.workersOnly = encoded, nil
 	decoded, _ := decodeCJSON(encoded) // what the dict now holds (numbers at 14 digits)
 	old := e.doc
 	e.prevDoc, e.appliedAt = old, e.opts.Now()
@@ -646,6 +655,14 @@ func (e *Emulator) put(w http.ResponseWriter, r *http.Request) {
 		e.mu.Lock()
 	}
 	writeLua(w, answer, nil)
+}
+
+// SetDictSize changes the standalone-config dict's size from the next PUT on (0:
+// Options.DictSize's default): a test fills it without a restart.
+func (e *Emulator) SetDictSize(n int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.opts.DictSize = n
 }
 
 func (e *Emulator) dictSize() int {
@@ -730,6 +747,9 @@ func (e *Emulator) Applied() bool {
 func (e *Emulator) applied() table {
 	if e.opts.AppliedLag > 0 && e.opts.Now().Sub(e.appliedAt) < e.opts.AppliedLag {
 		return e.prevDoc
+	}
+	if e.doc == nil && e.workersOnly != nil {
+		return e.workersOnly
 	}
 	return e.doc
 }

@@ -751,15 +751,15 @@ func TestAfter318WaitAndShape(t *testing.T) {
 }
 
 // TestDictSize: a document larger than the standalone-config dict is decoded and
-// validated, then refused with APISIX's plain-text 500; nothing is stored and the
-// previous document stays (spec §2 step 8, §11).
+// validated, then refused with APISIX's plain-text 500; the dict then holds nothing (the
+// entry it replaced was freed before the allocation failed), so GET shows an empty data
+// plane (spec §2 step 9, §11; lua-nginx-module's shdict store).
 func TestDictSize(t *testing.T) {
 	em, err := New(Options{Version: "3.17.0", AdminKey: key, DictSize: 2048, Now: func() time.Time { return time.Unix(1764441600, 0) }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	expect(t, put(config1, "small").do(t, em), 202, "")
-	before := em.StoredBytes()
 	var routes []string
 	for i := range 40 {
 		routes = append(routes, fmt.Sprintf(`{"id":"r%d","uri":"/r%d","upstream":{"nodes":{"127.0.0.1:1980":1},"type":"roundrobin"}}`, i, i))
@@ -769,17 +769,24 @@ func TestDictSize(t *testing.T) {
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("Content-Type %q, want the Admin API's application/json (spec §1.2) over a text body", ct)
 	}
+	if resp.Header.Get("X-Digest") != "" || resp.Header.Get("X-Last-Modified") != "" {
+		t.Errorf("a refused PUT carries the stored document's headers: %v", resp.Header)
+	}
 	expect(t, resp, 500, "failed to save config to shared dict: no memory")
-	if em.StoredBytes() != before {
-		t.Fatalf("stored %d bytes after the refusal, want the previous %d", em.StoredBytes(), before)
+	if em.StoredBytes() != 0 || em.Document() != nil {
+		t.Fatalf("stored %d bytes after the refusal, want the dict emptied", em.StoredBytes())
 	}
 	doc, resp := getDoc(t, em)
-	if resp.Header.Get("X-Digest") != "small" || len(doc["routes"].([]any)) != 1 {
-		t.Fatalf("after the refusal: digest %q, doc %v", resp.Header.Get("X-Digest"), doc)
+	if resp.Header.Get("X-Digest") != "" || resp.Header.Get("X-Last-Modified") != "" || doc["routes_conf_version"] != float64(0) {
+		t.Fatalf("after the refusal: digest %q, doc %v, want an empty data plane", resp.Header.Get("X-Digest"), doc)
 	}
 	if c := em.Costs(); c.Rejected != 1 || c.ItemsValidated < 41 {
 		t.Fatalf("costs %+v: the refused document was not validated, or not counted rejected", c)
 	}
+	if got := em.applied(); got == nil || len(got["routes"].([]any)) != 1 {
+		t.Fatalf("the workers hold %v, want what they applied before the refusal", got)
+	}
+	expect(t, put(config1, "again").do(t, em), 202, "") // a document that fits is stored again
 	em2, _ := New(Options{Version: "3.17.0", AdminKey: key, Now: func() time.Time { return time.Unix(1764441600, 0) }})
 	expect(t, put(big, "big").do(t, em2), 202, "") // the default 10m takes it
 }
