@@ -71,25 +71,20 @@ func (o *onNthPut) wrap(next http.Handler) http.Handler {
 func TestAFallbackDecidedAgainNamesWhatItHeld(t *testing.T) {
 	for _, tc := range []struct {
 		merge []string
-		// rightAfter: the operator writes right after the last sync, before this one (the
-		// issue's timing: the PUT decided on the trusted belief meets APISIX's item check
-		// first, the corrected PUT the operator's version); else between the decided
-		// PUT's 400 and the corrected PUT
-		rightAfter bool
-	}{{[]string{"global_rules"}, true}, {nil, true}, {[]string{"global_rules"}, false}, {nil, false}} {
-		t.Run(fmt.Sprintf("merge=%v/right-after=%v", tc.merge, tc.rightAfter), func(t *testing.T) {
+		// beforePut: the operator's writes land just before this PUT of the sync reaches
+		// APISIX: 1, the decided PUT (the timing, the same second as the sync:
+		// APISIX checks items before versions, so the 400 comes first and the corrected
+		// PUT meets the operator's version), or 2, the corrected PUT
+		beforePut int32
+	}{{[]string{"global_rules"}, 1}, {nil, 1}, {[]string{"global_rules"}, 2}, {nil, 2}} {
+		t.Run(fmt.Sprintf("merge=%v/before-put=%d", tc.merge, tc.beforePut), func(t *testing.T) {
 			merge := tc.merge
 			var hook onNthPut
 			s := newStack(t, stackOptions{fallback: true, merge: merge, wrap: hook.wrap})
 			c := s.client(true)
 			mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil), route("r2", "/two", nil))))
-			operator := func() { s.writeSecret(t, "op-1"); addPlatformRule(t, s) }
 			puts := hook.puts.Load()
-			if tc.rightAfter {
-				operator()
-			} else {
-				hook.arm(2, operator)
-			}
+			hook.arm(tc.beforePut, func() { s.writeSecret(t, "op-1"); addPlatformRule(t, s) })
 			res := sync1(t, c, withRoutes(route("r1", "/changed", unknownPlugin), route("r2", "/two", nil), route("r3", "/three", nil)))
 			if sent := hook.puts.Load() - puts; hook.armed.Load() != 0 || counter(s.metrics.ConflictRetries) != 1 || sent < 3 {
 				t.Fatalf("confshim sent %d PUTs, conflicts %v: the story (a 400, a corrected PUT that meets the operator's version, the sync decided again) did not happen",
