@@ -170,3 +170,43 @@ func TestTheWorstSyncNamesTheRuleWhoseSecondStepDidNotFit(t *testing.T) {
 	}
 	wantIDs(t, s.ids(t, "global_rules"), "zipkin")
 }
+
+// TestAFallbackThatFailsSafeClaimsNoBackfill is the model's finding (seed 1,
+// merge=true,fallback=true,answer=rejection,trust=always, step 142), reduced: a route
+// APISIX is known to refuse is held back before the PUT; the sync also carries a new
+// item APISIX refuses, and the validate that would name it answers after §8.5's budget.
+// confshim fails safe — APISIX's first answer, nothing applied — and that answer must
+// not say routes=backfilled: X-Confshim-Actions' backfilled tells a client that the rest
+// of its sync landed without the held items, and none of it did.
+func TestAFallbackThatFailsSafeClaimsNoBackfill(t *testing.T) {
+	var slow atomic.Bool
+	s := newStack(t, stackOptions{fallback: true, fallbackBudget: 300 * time.Millisecond, wrap: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasSuffix(r.URL.Path, "/validate") && r.ContentLength > 2 && slow.CompareAndSwap(true, false) {
+				time.Sleep(400 * time.Millisecond) // past the budget
+			}
+			next.ServeHTTP(w, r)
+		})
+	}})
+	c := s.client(true)
+	mustLand(t, sync1(t, c, withRoutes(route("r1", "/one", nil))))
+	res := sync1(t, c, withRoutes(route("r1", "/one", nil), route("r-bad", "/bad", unknownPlugin)))
+	if got := heldIDs(t, res); res.Status != http.StatusBadRequest || !slices.Equal(got, []string{"routes/r-bad"}) {
+		t.Fatalf("answered %d %v, want r-bad held", res.Status, got)
+	}
+	before := s.items(t, "routes")
+	slow.Store(true)
+	res = sync1(t, c, withRoutes(route("r1", "/changed", nil), route("r-bad", "/bad", unknownPlugin), route("r-bad2", "/bad2", unknownPlugin)))
+	if slow.Load() {
+		t.Fatal("the fallback made no validate call: the story did not happen")
+	}
+	if res.Status != http.StatusBadRequest {
+		t.Fatalf("answered %d %s, want APISIX's first answer", res.Status, res.Body)
+	}
+	if got := s.items(t, "routes"); got != before {
+		t.Fatalf("routes %s after a sync that failed safe, want them as before: %s", got, before)
+	}
+	if actions := res.Header.Get("X-Confshim-Actions"); strings.Contains(actions, "backfilled") {
+		t.Fatalf("X-Confshim-Actions %q on an answer after which nothing was applied", actions)
+	}
+}
