@@ -932,7 +932,9 @@ func TestContractModel(t *testing.T) {
 		}
 		for _, seed := range seeds {
 			t.Run(fmt.Sprintf("%s/seed=%d", flags, seed), func(t *testing.T) {
-				total.Add(int64(runModel(t, flags, seed, steps, budget)))
+				n := runModel(t, flags, seed, steps, budget)
+				total.Add(int64(n))
+				t.Logf("%s seed %d: %d steps", flags, seed, n)
 			})
 		}
 	}
