@@ -228,8 +228,7 @@ func TestAClientChangeAtVSPlusOneMeetsAnOperatorsPlusOne(t *testing.T) {
 		t.Skip("known: a change sent at the data plane's version plus one loses to a racing +1 write; CONFSHIM_KNOWN_BUGS=1 runs it")
 	}
 	var hook onNthPut
-	var s *stack
-	s = newStack(t, stackOptions{merge: []string{"secrets"}, trust: proxy.TrustNever, wrap: hook.wrap})
+	s := newStack(t, stackOptions{merge: []string{"secrets"}, trust: proxy.TrustNever, wrap: hook.wrap})
 	c := s.client(true)
 	clock := int64(1_000_000)
 	c.Clock = func() int64 { return clock }
