@@ -76,7 +76,7 @@ model:
 # ENUMERATE_FAULTS answers that are not the emulated APISIX's own (a racing write, no
 # answer, a lost answer, a restart, the budget or deadline running out, slow workers),
 # checked from the data plane (internal/syncmachine/enumerate_test.go). make test runs
-# the set of 2; each fault more is about ten times the sequences (1: 712, 2: 6,884,
+# the set of 2; each fault more is seven to ten times the sequences (1: 712, 2: 6,884,
 # 3: 51,429 in about 1.5 min on 2 cores).
 ENUMERATE_FAULTS ?= 3
 enumerate:
