@@ -235,6 +235,9 @@ func (d *decision) bumpVersion(vS float64) (float64, bool) {
 		return 0, false
 	}
 	if now := storable(d.in.Now); now >= next && now < maxVersion {
+		if now == next {
+			d.res.unsure = true // the clock reads vS+1 itself: the number a hand-made PUT picks
+		}
 		return now, true
 	}
 	d.res.unsure = true

@@ -78,7 +78,13 @@ func (f *Final) Accepted() bool {
 // the rest is applied, so that a controller reports exactly those.
 func (f *Final) Reply() (ans *apisix.Answer, actions string) {
 	ans = f.Answer
-	actions = actionsHeader(ans, f.Res, f.Held)
+	// backfilled says the rest of the sync landed without the held items: never on an
+	// answer after which nothing was applied (failing safe, §8.5: APISIX's first answer)
+	var held []HeldItem
+	if f.Accepted() {
+		held = f.Held
+	}
+	actions = actionsHeader(ans, f.Res, held)
 	if f.Accepted() && len(f.Held) > 0 && f.rejectHeld {
 		ans = heldRejection(ans, f.Held)
 	}
