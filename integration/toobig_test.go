@@ -28,6 +28,7 @@ func manyRoutes(n int, prefix string) adcclient.Config {
 // decode it again — but a changed configuration, or a data plane that moved, is; a
 // configuration that fits lands and clears it all.
 func TestConfigTooBigForTheDict(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{dictSize: 64 << 10})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, manyRoutes(3, "small")))
