@@ -10,6 +10,7 @@ import (
 )
 
 func TestLabelsAreBounded(t *testing.T) {
+	t.Parallel()
 	cases := []struct{ in, section, method string }{
 		{"routes", "routes", "GET"},
 		{"stream_routes", "stream_routes", "PURGE"},
@@ -27,6 +28,7 @@ func TestLabelsAreBounded(t *testing.T) {
 }
 
 func TestNewRegistersEverything(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	m := New(reg, "v1.2.3")
 	m.ConflictRetries.Inc()
@@ -51,6 +53,7 @@ func TestNewRegistersEverything(t *testing.T) {
 // TestLabelsFollowTheRewrite: the label values metrics pre-creates are the rewrite's
 // sections and words, in its order.
 func TestLabelsFollowTheRewrite(t *testing.T) {
+	t.Parallel()
 	if !slices.Equal(SectionLabels(), rewrite.KnownSections) {
 		t.Fatalf("SectionLabels %v, rewrite.KnownSections %v", SectionLabels(), rewrite.KnownSections)
 	}

@@ -13,6 +13,7 @@ import (
 // OversizedPatience while the data plane stays as it was; a changed configuration, a
 // data plane that moved, or the minute passed sends it; a PUT that lands forgets it.
 func TestTooBigNotSentAgain(t *testing.T) {
+	t.Parallel()
 	sc := scenarios()[1]
 	w := newWorld(sc, flags{fallback: true, reject: true})
 	for _, d := range sc.before {
