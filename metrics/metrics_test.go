@@ -4,9 +4,11 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/confshim/confshim/rewrite"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/confshim/confshim/internal/sections"
+	"github.com/confshim/confshim/rewrite"
 )
 
 func TestLabelsAreBounded(t *testing.T) {
@@ -24,6 +26,21 @@ func TestLabelsAreBounded(t *testing.T) {
 	}
 	if MethodLabel("GET") != "GET" || MethodLabel("PURGE") != "other" || MethodLabel("") != "other" {
 		t.Error("unknown methods must collapse to other")
+	}
+}
+
+// TestSectionLabelsAreTheTables: every section of APISIX's table is a label value of
+// its own, in the table's order (a section APISIX grows is one entry there).
+func TestSectionLabelsAreTheTables(t *testing.T) {
+	t.Parallel()
+	table := sections.APISIX()
+	if !slices.Equal(SectionLabels(), table.Names()) {
+		t.Fatalf("SectionLabels %v, the table %v", SectionLabels(), table.Names())
+	}
+	for _, s := range table {
+		if got := SectionLabel(s.Name); got != s.Name {
+			t.Errorf("SectionLabel(%q) = %q", s.Name, got)
+		}
 	}
 }
 

@@ -134,6 +134,7 @@ func eachGolden(t *testing.T, dir string, check func(t *testing.T, path string, 
 }
 
 func TestGolden(t *testing.T) {
+	t.Parallel()
 	eachGolden(t, "../testdata/rewrite", func(t *testing.T, path string, a *txtar.Archive) {
 		var err error
 		for _, f := range a.Files {

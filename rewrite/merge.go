@@ -109,7 +109,7 @@ func itemID(section string, item []byte) string {
 		}
 	})
 	raw := id
-	if s, _ := sections.Lookup(section); len(raw) == 0 && s.ByUsername {
+	if s, _ := sections.APISIX().Lookup(section); len(raw) == 0 && s.ByUsername {
 		raw = username
 	}
 	return idText(raw)
