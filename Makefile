@@ -12,18 +12,26 @@ PROMTOOL  ?= promtool
 SHELL     := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all build test run bench bench-paced load soak model lint vulncheck monitoring fuzz integration docker clean
+.PHONY: all build test test-suites run bench bench-paced load soak model lint vulncheck monitoring fuzz integration docker clean
 
-all: lint test build
+all: test build
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/confshim ./cmd/confshim
 	$(GO) build -o bin/apisix-standalone ./integration/cmd/apisix-standalone
 
 # lint, the alert rules' tests, the race-enabled suite, then the tests that measure
-# memory (only meaningful without -race). The Docker-bound tests live behind the build
-# module integration/containers (make integration), the soak behind `soak`, the load behind `load`.
-test: lint monitoring
+# memory (only meaningful without -race); the last line says how long it all took,
+# passed or failed. The Docker-bound tests live behind the build module
+# integration/containers (make integration), the soak behind `soak`, the load behind `load`.
+test:
+	@start=$$(date +%s); rc=0; \
+	$(MAKE) --no-print-directory lint monitoring test-suites || rc=$$?; \
+	echo "make test: $$([ $$rc = 0 ] && echo passed || echo FAILED) in $$(( $$(date +%s) - start )) s"; \
+	exit $$rc
+
+# the suites alone (make test without lint and the alert rules)
+test-suites:
 	$(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run 'TestMemory|TestLargeBodies|TestMonitoring' ./integration/
 
