@@ -1,9 +1,7 @@
 package integration
 
 import (
-	"github.com/confshim/confshim/internal/testsupport/adcclient"
-	"github.com/confshim/confshim/proxy"
-
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,6 +9,10 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/confshim/confshim/internal/testsupport/adcclient"
+	"github.com/confshim/confshim/internal/testsupport/wait"
+	"github.com/confshim/confshim/proxy"
 )
 
 // Issue 18: what confshim believes about the data plane is true, fresh and cheap. Each
@@ -20,6 +22,7 @@ import (
 // the body. An edit re-sent with the old digest is not applied (straight to APISIX
 // neither); the same edit with a fresh digest must then be applied, not settled.
 func TestReusedDigestIsNotProof(t *testing.T) {
+	t.Parallel()
 	// decided on a read: a sync decided unread stamps the changed section with the clock,
 	// so that the edit would get a digest of its own anyway
 	s := newStack(t, stackOptions{trust: proxy.TrustNever})
@@ -77,6 +80,7 @@ func (ro *restartOn) wrap(next http.Handler) http.Handler {
 // empty at their old versions, and every later sync would be answered 204 against the
 // wrong record): the connection it must travel on closed with the restart.
 func TestRestartInsideASync(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		before  bool
@@ -143,6 +147,7 @@ func TestRestartInsideASync(t *testing.T) {
 // data-plane restart beats the watch; the out-of-band secrets are restored with it,
 // and kept for the next restart.
 func TestFirstSyncAfterRestartRestoresPreserved(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{reseed: time.Hour}) // the watch never looks
 	c := s.client(true)
 	mustLand(t, sync1(t, c, config("v1")))
@@ -164,6 +169,7 @@ func TestFirstSyncAfterRestartRestoresPreserved(t *testing.T) {
 // the operator registers a new token, again at version 1. The old one must never come
 // back.
 func TestOldCopyNeverRestoredOverANewerOne(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := newStack(t, stackOptions{reseed: time.Hour, stateDir: dir, adminKey: adminKey})
 	c := s.client(true)
@@ -194,14 +200,10 @@ func TestOldCopyNeverRestoredOverANewerOne(t *testing.T) {
 
 func waitFile(t *testing.T, file, want string) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if data, _ := os.ReadFile(file); strings.Contains(string(data), want) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never held %q", file, want)
-		}
-	}
+	wait.For(t, fmt.Sprintf("%s to hold %q", file, want), func() bool {
+		data, _ := os.ReadFile(file)
+		return strings.Contains(string(data), want)
+	})
 }
 
 // TestSyncCostsNoMoreDecodesThanStraight (issue 27): per ADC-shaped sync — identical,
@@ -211,6 +213,7 @@ func waitFile(t *testing.T, file, want string) {
 // proves it. An out-of-band write in between costs the refresh (the refused PUT, a
 // GET) and is still repaired in the same sync.
 func TestSyncCostsNoMoreDecodesThanStraight(t *testing.T) {
+	t.Parallel()
 	reordered := func(variant string) adcclient.Config {
 		cfg := config(variant)
 		cfg["upstreams"] = append(cfg["upstreams"], map[string]any{"id": "svc2", "type": "roundrobin", "nodes": []any{map[string]any{"host": "10.244.0.12", "port": 80, "weight": 100}}})

@@ -251,7 +251,7 @@ func TestMonitoringUsesOnlyMetricsThatExist(t *testing.T) {
 	}
 	srv := apisixtest.Start(t, apisixtest.Options{Emulator: emulator.Options{AdminKey: adminKey}})
 	b := startBinary(t, srv.URL)
-	resp, err := http.Get(b.metricsURL + "/metrics")
+	resp, err := testHTTP.Get(b.metricsURL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +353,7 @@ func putAccepted(t *testing.T, url string, body []byte, contentType string) {
 	req.Header.Set("X-API-KEY", adminKey)
 	req.Header.Set("X-Digest", "big")
 	req.Header.Set("Content-Type", contentType)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := testHTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ func restamping(c *adcclient.Client) *adcclient.Client {
 }
 
 func TestCheapIdenticalSyncsAreNoOps(t *testing.T) {
+	t.Parallel()
 	for _, o := range profiles {
 		t.Run(profileName(o), func(t *testing.T) {
 			for _, through := range []bool{false, true} {
@@ -71,6 +72,7 @@ func TestCheapIdenticalSyncsAreNoOps(t *testing.T) {
 }
 
 func TestCheapRestampReloadsNothingButAChangeLands(t *testing.T) {
+	t.Parallel()
 	for _, o := range profiles {
 		t.Run(profileName(o), func(t *testing.T) {
 			s := newStack(t, o)
@@ -111,6 +113,7 @@ func largeConfig(n int, variant string) adcclient.Config {
 }
 
 func TestCheapOneRouteChangeValidatesOnlyRoutes(t *testing.T) {
+	t.Parallel()
 	for _, through := range []bool{false, true} {
 		s := newStack(t, stackOptions{})
 		c := s.client(through)
@@ -130,6 +133,7 @@ func TestCheapOneRouteChangeValidatesOnlyRoutes(t *testing.T) {
 }
 
 func TestCheapLeaderChangeReloadsOnlyWhatChanged(t *testing.T) {
+	t.Parallel()
 	for _, o := range profiles {
 		t.Run(profileName(o), func(t *testing.T) {
 			s := newStack(t, o)
@@ -164,6 +168,7 @@ func TestCheapLeaderChangeReloadsOnlyWhatChanged(t *testing.T) {
 // In upstreams (order-free, §8.1) that is settled and nothing reloads; in routes order
 // can decide which route matches, so the reorder is applied.
 func TestCheapReorderedUpstreamsSettleReorderedRoutesApply(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{})
 	ups := `{"id":"u1","type":"roundrobin","nodes":{"10.0.0.1:80":1}},{"id":"u2","type":"roundrobin","nodes":{"10.0.0.2:80":1}}`
 	upsReordered := `{"id":"u2","type":"roundrobin","nodes":{"10.0.0.2:80":1}},{"id":"u1","type":"roundrobin","nodes":{"10.0.0.1:80":1}}`

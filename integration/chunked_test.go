@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
-	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
 // Issue 25: APISIX answers chunked (spec §12), and the emulator now does too, so every
@@ -91,7 +90,7 @@ func renamed(t *testing.T, o stackOptions, withRoute bool) (*stack, *adcclient.C
 	c := s.client(true)
 	before, after := renameMetricsRule(withRoute)
 	mustLand(t, sync1(t, c, before))
-	wait.For(t, "the workers to apply the first configuration", s.em.Applied)
+	s.em.ApplyNow() // the workers have applied the first configuration (their lag is not this test's subject)
 	start := time.Now()
 	res := sync1(t, c, after)
 	return s, c, after, res, time.Since(start)
@@ -101,6 +100,7 @@ func renamed(t *testing.T, o stackOptions, withRoute bool) (*stack, *adcclient.C
 // land in the client's one sync, well within its timeout (before the fix the second
 // PUT waited for the decide connection until the client gave up).
 func TestChunkedRenameOfTheMetricsRuleLandsInOneSync(t *testing.T) {
+	t.Parallel()
 	var log exchangeLog
 	s, _, _, res, took := renamed(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, appliedLag: 300 * time.Millisecond, wrap: log.wrap}, true)
 	mustLand(t, res)
@@ -134,7 +134,7 @@ func TestChunkedSecondStepThatNeverPassesLandsNextSync(t *testing.T) {
 	if rules := jsonOf(s.doc(t)["global_rules"]); strings.Contains(rules, "prometheus") {
 		t.Fatalf("global rules %s: the held rule landed although it never validated", rules)
 	}
-	wait.For(t, "the workers to apply the corrected PUT", s.em.Applied)
+	s.em.ApplyNow() // the workers have applied the corrected PUT (their lag is not this test's subject)
 	res = sync1(t, c, after)
 	mustLand(t, res)
 	if rules := jsonOf(s.doc(t)["global_rules"]); !strings.Contains(rules, `"prometheus"`) {
@@ -167,6 +167,7 @@ func TestChunkedDeadlineAnswersWithTheLastCompleteAnswer(t *testing.T) {
 // naming one item, and without a kept configuration (re-seeding off) the accepted
 // copies are read from the data plane, on the same connection, between two PUTs.
 func TestChunkedRoundsOn314ReadTheAcceptedCopies(t *testing.T) {
+	t.Parallel()
 	var log exchangeLog
 	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, version: "3.14.1", wrap: log.wrap})
 	c := s.client(true)

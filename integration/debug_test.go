@@ -13,12 +13,13 @@ import (
 
 	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 	"github.com/confshim/confshim/internal/testsupport/emulator"
+	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
 // debugDoc reads /debug/config from a running binary.
 func debugDoc(t *testing.T, b *runningBinary) (map[string]any, string) {
 	t.Helper()
-	resp, err := http.Get(b.metricsURL + "/debug/config")
+	resp, err := testHTTP.Get(b.metricsURL + "/debug/config")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,17 +126,10 @@ func TestBinaryDebugConfig(t *testing.T) {
 
 	// a re-seed: the data plane restarts empty; the watch restores it
 	s.restartDataPlane(t, 100*time.Millisecond)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	wait.For(t, "a re-seed in /debug/config", func() bool {
 		doc, _ = debugDoc(t, b)
-		if field(doc, "kept", "last_reseed", "result") == "restored" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no re-seed in /debug/config: %v\n%s", field(doc, "kept"), b.logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return field(doc, "kept", "last_reseed", "result") == "restored"
+	})
 	kept := field(doc, "kept")
 	if r := sectionEntry(field(kept, "sections"), "routes"); r["items"] != float64(2) || r["version"] != float64(em.SectionVersion("routes")) {
 		t.Fatalf("kept routes: %v", r)
@@ -176,7 +170,7 @@ func TestBinaryDebugConfigHoldsNoValues(t *testing.T) {
 		if yaml {
 			req.Header.Set("Content-Type", "application/yaml") // JSON text is YAML too
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := testHTTP.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

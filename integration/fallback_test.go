@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
-	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
 // Contract §8.5, --fallback backfill: one item APISIX rejects never blocks the rest.
@@ -32,6 +31,7 @@ func withRoutes(routes ...map[string]any) adcclient.Config {
 }
 
 func TestFallbackBackfillsAChangedRouteAndAppliesTheRest(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil))))
@@ -61,6 +61,7 @@ func TestFallbackBackfillsAChangedRouteAndAppliesTheRest(t *testing.T) {
 }
 
 func TestFallbackLeavesOutANewBadServiceAndTheRouteUsingIt(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, config("v1")))
@@ -92,6 +93,7 @@ func validateCounter(n *atomic.Int32) func(http.Handler) http.Handler {
 }
 
 func TestFallbackOffLeavesAPISIXsAnswer(t *testing.T) {
+	t.Parallel()
 	var validates atomic.Int32
 	s := newStack(t, stackOptions{wrap: validateCounter(&validates)})
 	c := s.client(true)
@@ -106,6 +108,7 @@ func TestFallbackOffLeavesAPISIXsAnswer(t *testing.T) {
 }
 
 func TestFallbackFailsSafeWhenValidateFails(t *testing.T) {
+	t.Parallel()
 	var puts atomic.Int32
 	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, wrap: func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -135,6 +138,7 @@ func TestFallbackFailsSafeWhenValidateFails(t *testing.T) {
 }
 
 func TestFallbackOnAPISIX314UsesThePutsMessage(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, version: "3.14.1"})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, withRoutes(route("r1", "/old", nil), route("r2", "/two", nil))))
@@ -147,6 +151,7 @@ func TestFallbackOnAPISIX314UsesThePutsMessage(t *testing.T) {
 }
 
 func TestFallbackOverTheValidateCap(t *testing.T) {
+	t.Parallel()
 	// about correctness, not speed: no modelled decode cost, and a client and upstream
 	// patience a race-enabled build on a busy 2-core machine cannot run out of
 	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, decodeCost: -1, timeout: time.Minute})
@@ -204,6 +209,7 @@ func (s *statusCapture) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 // TestFallbackSteadyStateCostsNothingExtra: the same body re-sent is held back before
 // the PUT: no rejected PUT, no validate call, and nothing reloads.
 func TestFallbackSteadyStateCostsNothingExtra(t *testing.T) {
+	t.Parallel()
 	var pc putCounter
 	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, wrap: pc.wrap})
 	c := s.client(true)
@@ -244,6 +250,7 @@ func TestFallbackSteadyStateCostsNothingExtra(t *testing.T) {
 // lands g1 without it, and once that is applied g2 goes in a second PUT — within the
 // client's one sync, although the workers apply a second late.
 func TestFallbackGlobalRuleMoveLandsInOneSync(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, appliedLag: 500 * time.Millisecond})
 	c := s.client(true)
 	rules := func(g1, g2 map[string]any) adcclient.Config {
@@ -255,7 +262,7 @@ func TestFallbackGlobalRuleMoveLandsInOneSync(t *testing.T) {
 		return cfg
 	}
 	mustLand(t, sync1(t, c, rules(map[string]any{"prometheus": map[string]any{}}, nil)))
-	wait.For(t, "the workers to apply the first rules", s.em.Applied)
+	s.em.ApplyNow() // the workers have applied the first rules (their lag is not this test's subject)
 	res := sync1(t, c, rules(map[string]any{"cors": map[string]any{}}, map[string]any{"prometheus": map[string]any{}}))
 	mustLand(t, res)
 	got := jsonOf(s.doc(t)["global_rules"])
@@ -266,6 +273,7 @@ func TestFallbackGlobalRuleMoveLandsInOneSync(t *testing.T) {
 
 // TestFallbackNeverTouchesYAML: a YAML body with a rejected item gets APISIX's answer.
 func TestFallbackNeverTouchesYAML(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted})
 	adminPut(t, s.dpURL, `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/old"}]}`, "seed")
 	body := "routes_conf_version: 2\nroutes:\n  - id: r1\n    uri: /new\n    plugins:\n      nope: {}\n"
@@ -273,7 +281,7 @@ func TestFallbackNeverTouchesYAML(t *testing.T) {
 	req.Header.Set("X-API-KEY", adminKey)
 	req.Header.Set("X-Digest", "y")
 	req.Header.Set("Content-Type", "application/yaml")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := testHTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,6 +295,7 @@ func TestFallbackNeverTouchesYAML(t *testing.T) {
 // TestFallbackConsumerKeyMoveOn318: APISIX 3.18 refuses a key-auth key moved to another
 // consumer while the old one still holds it; the new consumer lands in the same sync.
 func TestFallbackConsumerKeyMoveOn318(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, version: "3.18.0"})
 	c := s.client(true)
 	withConsumer := func(name string) adcclient.Config {
@@ -306,6 +315,7 @@ func TestFallbackConsumerKeyMoveOn318(t *testing.T) {
 // TestFallbackKeepsHoldingWhatItHeldBeforeAnotherRejection: a route held back before
 // the PUT stays held back (and reported) when APISIX then rejects another new item.
 func TestFallbackKeepsHoldingWhatItHeldBeforeAnotherRejection(t *testing.T) {
+	t.Parallel()
 	var pc putCounter
 	s := newStack(t, stackOptions{fallback: true, fallbackAnswer: proxy.AnswerAccepted, wrap: pc.wrap})
 	c := s.client(true)
@@ -329,6 +339,7 @@ func TestFallbackKeepsHoldingWhatItHeldBeforeAnotherRejection(t *testing.T) {
 // before it, a HEAD shows whether the data plane still holds the state the sync was
 // decided on, and when it does not the sync is decided again on a fresh read.
 func TestOperatorWriteDuringTheFallbackSurvivesTheCorrectedPut(t *testing.T) {
+	t.Parallel()
 	var during atomic.Bool
 	var s *stack
 	s = newStack(t, stackOptions{fallback: true, merge: []string{"global_rules"}, wrap: func(next http.Handler) http.Handler {

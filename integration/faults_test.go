@@ -96,6 +96,7 @@ func TestFaultDataPlaneHangs(t *testing.T) {
 }
 
 func TestFaultWriteSneaksInBetween(t *testing.T) {
+	t.Parallel()
 	var armed atomic.Bool
 	var s *stack
 	s = newStack(t, stackOptions{wrap: func(h http.Handler) http.Handler {
@@ -124,6 +125,7 @@ func TestFaultWriteSneaksInBetween(t *testing.T) {
 }
 
 func TestFaultDataPlaneRestart(t *testing.T) {
+	t.Parallel()
 	for _, o := range profiles {
 		t.Run(profileName(o), func(t *testing.T) {
 			s := newStack(t, o)
@@ -142,6 +144,7 @@ func TestFaultDataPlaneRestart(t *testing.T) {
 }
 
 func TestFaultSecondConflictGoesBack(t *testing.T) {
+	t.Parallel()
 	var s *stack
 	s = newStack(t, stackOptions{wrap: func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -186,7 +189,7 @@ func httpDo(t *testing.T, method, url, body string) (int, []byte) {
 	req, _ := http.NewRequest(method, url, strings.NewReader(body))
 	req.Header.Set("X-API-KEY", adminKey)
 	req.Header.Set("X-Digest", "d")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := testHTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

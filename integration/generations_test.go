@@ -35,9 +35,11 @@ func landed(g adcclient.Generation, version string) int {
 }
 
 func TestGenerationsAcrossProfiles(t *testing.T) {
+	t.Parallel()
 	for _, g := range generations {
 		for _, version := range genProfiles {
 			t.Run(g.String()+"/apisix-"+version, func(t *testing.T) {
+				t.Parallel()
 				t.Run("out-of-band secrets", func(t *testing.T) { storyOutOfBand(t, g, version) })
 				t.Run("held route", func(t *testing.T) { storyHeldRoute(t, g, version) })
 				t.Run("omitted sections survive", func(t *testing.T) { storyOmittedSections(t, g, version) })

@@ -36,6 +36,7 @@ func sectionItems(line proxy.DebugSyncLine, section string) *rewrite.ItemChanges
 }
 
 func TestSyncListsTheIDsItTouched(t *testing.T) {
+	t.Parallel()
 	// the lists compare with the kept configuration, kept while re-seeding is on
 	s := newStack(t, stackOptions{fallback: true, reseed: time.Hour})
 	c := s.client(true)
@@ -88,6 +89,7 @@ func TestSyncListsTheIDsItTouched(t *testing.T) {
 // unchanged and are kept with the sync (log line, /debug/config); without them the
 // sync has confshim's own id.
 func TestCorrelationIsKeptAndForwarded(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{})
 	const traceparent, requestID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "req-42"
 	body := `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/a"}]}`
@@ -96,7 +98,7 @@ func TestCorrelationIsKeptAndForwarded(t *testing.T) {
 	req.Header.Set("X-Digest", "c1")
 	req.Header.Set("traceparent", traceparent)
 	req.Header.Set("X-Request-Id", requestID)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := testHTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,6 +126,7 @@ func TestCorrelationIsKeptAndForwarded(t *testing.T) {
 // TestNoValueFromTheBodyIsShown: hostile strings in every field of every item never
 // appear in /debug/config or the log; only ids do, cut at 64 bytes.
 func TestNoValueFromTheBodyIsShown(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{fallback: true, reseed: time.Hour})
 	c := s.client(true)
 	const secret = "SeCrEt-\u2028\"}{<script>-hunter2"

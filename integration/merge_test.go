@@ -67,6 +67,7 @@ func adoptedClient(s *stack, c *adcclient.Client) *adcclient.Client {
 }
 
 func TestMergeKeepsTheOutOfBandRuleThroughAddChangeDelete(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{merge: []string{"global_rules"}})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 1))))
@@ -105,6 +106,7 @@ func TestMergeKeepsTheOutOfBandRuleThroughAddChangeDelete(t *testing.T) {
 }
 
 func TestMergeOwnershipSurvivesARestartWithStateDir(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{merge: []string{"global_rules"}, reseed: watch, stateDir: t.TempDir(), adminKey: adminKey})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 1), rule("cors", "cors", 1))))
@@ -122,6 +124,7 @@ func TestMergeOwnershipSurvivesARestartWithStateDir(t *testing.T) {
 }
 
 func TestMergeWithoutMemoryKeepsAndSaysSo(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{merge: []string{"global_rules"}})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, withRules(rule("prometheus", "prometheus", 1), rule("cors", "cors", 1))))
@@ -143,6 +146,7 @@ func TestMergeWithoutMemoryKeepsAndSaysSo(t *testing.T) {
 }
 
 func TestMergeSecretsBesideTheOperatorsManager(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{merge: []string{"secrets"}})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, config("v1")))
@@ -174,11 +178,12 @@ func secretItem(id, token string) map[string]any {
 // the watch first, and whatever the client later drops of its own (the kept
 // configuration holds the union, not the client's copy).
 func TestMergeKeepsTheOperatorsItemInEveryTrust(t *testing.T) {
+	t.Parallel()
 	for _, section := range []string{"secrets", "global_rules"} {
 		for _, trust := range []proxy.TrustMode{proxy.TrustAuto, proxy.TrustAlways, proxy.TrustNever} {
 			for _, learnt := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s/%s/watch-learnt=%v", section, trust, learnt), func(t *testing.T) {
-					s := newStack(t, stackOptions{merge: []string{section}, trust: trust, reseed: 20 * time.Millisecond, adminKey: adminKey})
+					s := newStack(t, stackOptions{merge: []string{section}, trust: trust, reseed: 20 * time.Millisecond, safety: watchSafety, adminKey: adminKey})
 					c := s.client(true)
 					cfg := config("v1")
 					delete(cfg, section)
@@ -218,6 +223,7 @@ func TestMergeKeepsTheOperatorsItemInEveryTrust(t *testing.T) {
 // the client sent not), a version below the data plane's may be an echo and deletes
 // nothing, one above it is moved.
 func TestMergedSectionLeftOutThroughTheProxy(t *testing.T) {
+	t.Parallel()
 	const routes = `"routes_conf_version":5,"routes":[{"id":"r1","uris":["/get"]}]`
 	body := func(secrets string) string { return "{" + routes + "," + secrets + "}" }
 	ctrl, _ := json.Marshal(secretItem("vault/ctrl", "ctrl-token"))

@@ -971,10 +971,9 @@ func runModel(t *testing.T, flags modelFlags, seed uint64, steps int, budget tim
 // few seconds); MODEL_STEPS and MODEL_DURATION make it longer (make model), MODEL_SEED
 // and MODEL_FLAGS replay one run.
 func TestContractModel(t *testing.T) {
-	steps, budget := 80, 3*time.Second
-	if raceBuild {
-		steps = 25 // -race -count=3 -cpu 1,2 runs the package six times within go test's 10 minutes
-	}
+	// the CI size: 40 steps per combination and seed, the combinations in parallel (each
+	// has its own emulator and proxy; most of a step is waiting on them)
+	steps, budget := 40, time.Minute
 	if v, err := strconv.Atoi(os.Getenv("MODEL_STEPS")); err == nil {
 		steps = v
 	}
@@ -988,18 +987,21 @@ func TestContractModel(t *testing.T) {
 		seeds = []uint64{uint64(time.Now().UnixNano())}
 	}
 	var total atomic.Int64
-	for _, flags := range modelCombinations() {
-		if f := os.Getenv("MODEL_FLAGS"); f != "" && f != flags.String() {
-			continue
+	t.Run("combinations", func(t *testing.T) {
+		for _, flags := range modelCombinations() {
+			if f := os.Getenv("MODEL_FLAGS"); f != "" && f != flags.String() {
+				continue
+			}
+			for _, seed := range seeds {
+				t.Run(fmt.Sprintf("%s/seed=%d", flags, seed), func(t *testing.T) {
+					t.Parallel()
+					n := runModel(t, flags, seed, steps, budget)
+					total.Add(int64(n))
+					t.Logf("%s seed %d: %d steps", flags, seed, n)
+				})
+			}
 		}
-		for _, seed := range seeds {
-			t.Run(fmt.Sprintf("%s/seed=%d", flags, seed), func(t *testing.T) {
-				n := runModel(t, flags, seed, steps, budget)
-				total.Add(int64(n))
-				t.Logf("%s seed %d: %d steps", flags, seed, n)
-			})
-		}
-	}
+	})
 	held := "every check held"
 	if t.Failed() {
 		held = "a check failed"

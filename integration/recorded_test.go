@@ -16,6 +16,7 @@ import (
 // as it was on the wire; through confshim every one lands, the secrets manager
 // survives, and the route plugin change of 04 is applied.
 func TestRecordedADCSequence(t *testing.T) {
+	t.Parallel()
 	body := func(name string) string {
 		b, err := os.ReadFile("../testdata/adc/" + name + ".body.json")
 		if err != nil {

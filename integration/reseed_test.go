@@ -22,28 +22,31 @@ import (
 
 const watch = 100 * time.Millisecond // the tests' --reseed-interval
 
+// watchSafety is the safety interval of the tests that wait for the watch to look at
+// an out-of-band write: the watch paces its looks by what the last one took, and on a
+// loaded machine one slow look would put the next a minute (the default) away.
+const watchSafety = 500 * time.Millisecond
+
 // waitRestored polls until the data plane holds routes again and returns how long it took.
 func waitRestored(t *testing.T, s *stack) time.Duration {
 	t.Helper()
+	defer logOnFailure(t, s)
 	start := time.Now()
-	for s.em.Document() == nil || s.em.Document()["routes"] == nil {
-		if time.Since(start) > 5*time.Second {
-			t.Fatalf("not re-seeded after 5 s; log:\n%s", s.logs.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, "the data plane to be re-seeded", func() bool { return s.em.Document() != nil && s.em.Document()["routes"] != nil })
 	return time.Since(start)
 }
 
 // waitLog waits until the log holds n lines with event.
 func waitLog(t *testing.T, s *stack, event string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for strings.Count(s.logs.String(), `"event":"`+event+`"`) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %d %s lines; log:\n%s", n, event, s.logs.String())
-		}
-		time.Sleep(5 * time.Millisecond)
+	defer logOnFailure(t, s)
+	wait.For(t, fmt.Sprintf("%d %s lines", n, event), func() bool { return strings.Count(s.logs.String(), `"event":"`+event+`"`) >= n })
+}
+
+// logOnFailure, deferred, shows confshim's log when the test failed (t.Fatal runs it).
+func logOnFailure(t *testing.T, s *stack) {
+	if t.Failed() {
+		t.Logf("confshim's log:\n%s", s.logs.String())
 	}
 }
 
@@ -61,7 +64,7 @@ func watchTicks(t *testing.T, s *stack, n int) {
 }
 
 func TestReseedAfterDataPlaneRestart(t *testing.T) {
-	s := newStack(t, stackOptions{reseed: watch})
+	s := newStack(t, stackOptions{reseed: watch, safety: watchSafety})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, config("v1")))
 	registerSecrets(t, s) // straight to the data plane: the watcher reads it back once
@@ -103,20 +106,14 @@ func jsonOf(v any) string {
 }
 
 func TestReseedAfterConfshimRestartWithStateDir(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
-	s := newStack(t, stackOptions{reseed: watch, stateDir: dir, adminKey: adminKey})
+	s := newStack(t, stackOptions{reseed: watch, safety: watchSafety, stateDir: dir, adminKey: adminKey})
 	mustLand(t, sync1(t, s.client(true), config("v1")))
 	registerSecrets(t, s)
 	waitLog(t, s, "kept_refreshed", 1)
 	file := filepath.Join(dir, "confshim-state.json")
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if data, _ := os.ReadFile(file); strings.Contains(string(data), "example-vault-token") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the state file never held the out-of-band secrets")
-		}
-	}
+	waitFile(t, file, "example-vault-token") // the operator's secrets
 	if info, err := os.Stat(file); err != nil || info.Mode().Perm() != 0o600 {
 		t.Fatalf("state file: %v %v", info, err)
 	}
@@ -131,6 +128,7 @@ func TestReseedAfterConfshimRestartWithStateDir(t *testing.T) {
 }
 
 func TestNoReseedWithoutStateDirAfterConfshimRestart(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{reseed: watch, adminKey: adminKey})
 	mustLand(t, sync1(t, s.client(true), config("v1")))
 	s.startProxy(t) // memory only: nothing kept after a restart
@@ -142,6 +140,7 @@ func TestNoReseedWithoutStateDirAfterConfshimRestart(t *testing.T) {
 }
 
 func TestReseedLeavesAnotherConfigurationAlone(t *testing.T) {
+	t.Parallel()
 	var hold sync.RWMutex // held: the watcher's HEADs wait
 	s := newStack(t, stackOptions{reseed: watch, wrap: func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -169,6 +168,7 @@ func TestReseedLeavesAnotherConfigurationAlone(t *testing.T) {
 }
 
 func TestReseedRetriesWhenTheDataPlaneFailsMidway(t *testing.T) {
+	t.Parallel()
 	var dropOne atomic.Bool
 	s := newStack(t, stackOptions{reseed: watch, wrap: func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -194,6 +194,7 @@ func TestReseedRetriesWhenTheDataPlaneFailsMidway(t *testing.T) {
 }
 
 func TestClientSyncDuringReseed(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	var slowed atomic.Bool
 	s := newStack(t, stackOptions{reseed: watch, wrap: func(next http.Handler) http.Handler {
@@ -208,9 +209,7 @@ func TestClientSyncDuringReseed(t *testing.T) {
 	mustLand(t, sync1(t, c, config("v1")))
 	slowed.Store(true)
 	s.restartDataPlane(t, restartDowntime)
-	for slowed.Load() { // until the re-seed PUT is in flight
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.For(t, "the re-seed PUT to be in flight", func() bool { return !slowed.Load() })
 	probes := s.em.Costs().Validates
 	done := make(chan int, 1)
 	go func() { done <- sync1(t, c, config("v2")).Status }()
@@ -226,6 +225,7 @@ func TestClientSyncDuringReseed(t *testing.T) {
 }
 
 func TestReseedOffOnAPISIX313(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{reseed: watch, version: "3.13.0"})
 	mustLand(t, sync1(t, s.client(true), config("v1")))
 	// the watch says so and stops: no more pings after it
@@ -236,6 +236,7 @@ func TestReseedOffOnAPISIX313(t *testing.T) {
 }
 
 func TestCorruptStateFileIsIgnored(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "confshim-state.json"), []byte("{not json"), 0o600); err != nil {
 		t.Fatal(err)
@@ -250,6 +251,7 @@ func TestCorruptStateFileIsIgnored(t *testing.T) {
 // configuration with them): 503 with Retry-After, nothing forwarded, and the operator's
 // secret comes back with the next attempt.
 func TestSyncOnAnEmptyDataPlaneWhoseReseedFailsForwardsNothing(t *testing.T) {
+	t.Parallel()
 	var refuseOne atomic.Bool
 	s := newStack(t, stackOptions{reseed: time.Hour, adminKey: adminKey, wrap: func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -285,6 +287,7 @@ func TestSyncOnAnEmptyDataPlaneWhoseReseedFailsForwardsNothing(t *testing.T) {
 // in its socket) gets the answer of the APISIX that came back, not a 502: confshim
 // waits for it, re-seeds it and decides the sync again.
 func TestPutCaughtByARestartIsAnsweredByTheReturnedDataPlane(t *testing.T) {
+	t.Parallel()
 	var cut atomic.Bool
 	var s *stack
 	s = newStack(t, stackOptions{reseed: watch, adminKey: adminKey, wrap: func(next http.Handler) http.Handler {
@@ -315,6 +318,7 @@ func TestPutCaughtByARestartIsAnsweredByTheReturnedDataPlane(t *testing.T) {
 // fallback), and the data plane restarts. The kept configuration follows the read,
 // so the re-seed brings the new token back, not the one of the last accepted sync.
 func TestReseedRestoresWhatTheLastReadSaw(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{reseed: watch, adminKey: adminKey, trust: proxy.TrustNever})
 	c := s.client(true)
 	mustLand(t, sync1(t, c, config("v1")))

@@ -36,6 +36,7 @@ func registerSecrets(t *testing.T, s *stack) {
 }
 
 func TestStoryOutOfBandSecrets(t *testing.T) {
+	t.Parallel()
 	for _, o := range profiles {
 		t.Run(profileName(o), func(t *testing.T) {
 			for _, through := range []bool{false, true} {
@@ -68,6 +69,7 @@ func TestStoryOutOfBandSecrets(t *testing.T) {
 }
 
 func TestStoryLeaderChange(t *testing.T) {
+	t.Parallel()
 	for _, o := range profiles {
 		t.Run(profileName(o), func(t *testing.T) {
 			for _, through := range []bool{false, true} {
@@ -99,6 +101,7 @@ func TestStoryLeaderChange(t *testing.T) {
 }
 
 func TestStoryNoChurn(t *testing.T) {
+	t.Parallel()
 	for _, o := range profiles {
 		t.Run(profileName(o), func(t *testing.T) {
 			s := newStack(t, o)
@@ -130,6 +133,7 @@ func TestStoryNoChurn(t *testing.T) {
 }
 
 func TestStoryOtherWritersClockAhead(t *testing.T) {
+	t.Parallel()
 	for _, o := range profiles {
 		t.Run(profileName(o), func(t *testing.T) {
 			for _, through := range []bool{false, true} {
@@ -189,6 +193,7 @@ func pick(s *stack, through bool) string {
 }
 
 func TestStoryConcurrentClients(t *testing.T) {
+	t.Parallel()
 	for _, o := range profiles {
 		t.Run(profileName(o), func(t *testing.T) {
 			s := newStack(t, o)

@@ -32,6 +32,7 @@ func manyRoutes(n int, prefix string) adcclient.Config {
 // configuration, or another configuration on the data plane, goes to APISIX; a
 // configuration that fits lands and clears it all.
 func TestConfigTooBigForTheDict(t *testing.T) {
+	t.Parallel()
 	for _, reseed := range []time.Duration{0, 20 * time.Millisecond} {
 		t.Run(fmt.Sprintf("reseed=%v", reseed), func(t *testing.T) {
 			s := newStack(t, stackOptions{dictSize: 64 << 10, reseed: reseed, adminKey: adminKey})

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
-	"github.com/confshim/confshim/internal/testsupport/wait"
 	"github.com/confshim/confshim/proxy"
 )
 
@@ -75,6 +74,7 @@ func heldNames(t *testing.T, status int, body []byte, ids []string) ([]string, s
 // (issue 36: on a busy machine the two syncs fell into consecutive milliseconds and the
 // test, which expected the conflict, saw the look).
 func TestOutOfBandWriteThenAFallbackSyncLandsTheRest(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		clock    func() int64
@@ -118,6 +118,7 @@ func TestOutOfBandWriteThenAFallbackSyncLandsTheRest(t *testing.T) {
 // that route; an identical resync gets the same 400 and APISIX does no work; once the
 // client drops the route, answers are APISIX's again. With accepted, 202 as before.
 func TestHeldItemIsReportedAsRefused(t *testing.T) {
+	t.Parallel()
 	changes := func(withBad bool) []map[string]any {
 		var rs []map[string]any
 		for i := range 49 {
@@ -182,7 +183,7 @@ func validateThrough(t *testing.T, base string, body []byte) (int, string) {
 	req, _ := http.NewRequest(http.MethodPost, base+"/apisix/admin/configs/validate", strings.NewReader(string(body)))
 	req.Header.Set("X-API-KEY", adminKey)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := testHTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,6 +197,7 @@ func validateThrough(t *testing.T, base string, body []byte) (int, string) {
 // that carries consumers, and its accepted copy just the same. That consumer is left
 // out, every other change lands, and the answer names it.
 func TestKeyPairOn318HoldsBackOneConsumer(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{version: "3.18.0", fallback: true, reseed: time.Hour})
 	c := s.client(true)
 	pair := func(variant string) adcclient.Config {
@@ -210,7 +212,7 @@ func TestKeyPairOn318HoldsBackOneConsumer(t *testing.T) {
 		return cfg
 	}
 	mustLand(t, sync1(t, c, pair("v1"))) // accepted once: neither held the key yet
-	wait.For(t, "the workers to apply the pair", s.em.Applied)
+	s.em.ApplyNow()                      // the workers have applied the pair (their lag is not this test's subject)
 	cfg := pair("v2")
 	cfg["upstreams"][0]["nodes"] = []any{map[string]any{"host": "10.244.0.77", "port": 80, "weight": 100}}
 	res := sync1(t, c, cfg)
@@ -247,6 +249,7 @@ func TestFallbackWorkStopsWhereItsBudgetEnds(t *testing.T) {
 // the data plane's state at most once (the record forgot the corrected section, and the
 // kept configuration holds its items: here not at all), where it read it twice.
 func TestFirstSteadySyncAfterAFallbackReadsOnce(t *testing.T) {
+	t.Parallel()
 	var log exchangeLog
 	s := newStack(t, stackOptions{fallback: true, reseed: time.Hour, wrap: log.wrap})
 	c := s.client(true)
@@ -271,6 +274,8 @@ func TestFirstSteadySyncAfterAFallbackReadsOnce(t *testing.T) {
 // naming the rule and the route, never a 2xx; once the workers applied the first step,
 // the next sync lands the rule.
 func TestWorstFallbackWhoseSecondStepDoesNotFitNamesTheRule(t *testing.T) {
+	// not parallel: a 400 ms budget against the workers' 700 ms lag, which the other
+	// tests' load on the CPUs would blur
 	for _, tc := range []struct {
 		version string
 		route   bool
@@ -291,7 +296,7 @@ func TestWorstFallbackWhoseSecondStepDoesNotFitNamesTheRule(t *testing.T) {
 			c := adcclient.New030(s.proxyURL, adminKey)
 			before, after := renameMetricsRule(false)
 			mustLand(t, sync1(t, c, before))
-			wait.For(t, "the workers to apply the first configuration", s.em.Applied)
+			s.em.ApplyNow() // the workers have applied the first configuration (their lag is not this test's subject)
 			held := []string{"prometheus"}
 			if tc.route {
 				after["routes"] = append(after["routes"], route("r-bad", "/bad", unknownPlugin))
@@ -307,7 +312,7 @@ func TestWorstFallbackWhoseSecondStepDoesNotFitNamesTheRule(t *testing.T) {
 				t.Fatal("the test wants the second step not to fit in the budget, yet the rule landed")
 			}
 			mustContain(t, s.items(t, "secrets"), "vault/1") // the racing write survives
-			wait.For(t, "the workers to apply the first step", s.em.Applied)
+			s.em.ApplyNow()                                  // the workers have applied the first step (their lag is not this test's subject)
 			if tc.route {
 				after["routes"] = after["routes"][:len(after["routes"])-1] // the route fixed
 			}

@@ -255,11 +255,11 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 var actionLabels = []string{"raised", "bumped", "preserved", "settled", "merged", "backfilled"}
 
 // SectionLabels are the values a section label takes besides "other": the known sections.
-func SectionLabels() []string { return sections.Names() }
+func SectionLabels() []string { return sections.APISIX().Names() }
 
 // SectionLabel bounds the section label to APISIX's known sections plus "other".
 func SectionLabel(section string) string {
-	if sections.Known(section) {
+	if sections.APISIX().Known(section) {
 		return section
 	}
 	return "other"

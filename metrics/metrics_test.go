@@ -4,12 +4,15 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/confshim/confshim/rewrite"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/confshim/confshim/internal/sections"
+	"github.com/confshim/confshim/rewrite"
 )
 
 func TestLabelsAreBounded(t *testing.T) {
+	t.Parallel()
 	cases := []struct{ in, section, method string }{
 		{"routes", "routes", "GET"},
 		{"stream_routes", "stream_routes", "PURGE"},
@@ -26,7 +29,23 @@ func TestLabelsAreBounded(t *testing.T) {
 	}
 }
 
+// TestSectionLabelsAreTheTables: every section of APISIX's table is a label value of
+// its own, in the table's order (a section APISIX grows is one entry there).
+func TestSectionLabelsAreTheTables(t *testing.T) {
+	t.Parallel()
+	table := sections.APISIX()
+	if !slices.Equal(SectionLabels(), table.Names()) {
+		t.Fatalf("SectionLabels %v, the table %v", SectionLabels(), table.Names())
+	}
+	for _, s := range table {
+		if got := SectionLabel(s.Name); got != s.Name {
+			t.Errorf("SectionLabel(%q) = %q", s.Name, got)
+		}
+	}
+}
+
 func TestNewRegistersEverything(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	m := New(reg, "v1.2.3")
 	m.ConflictRetries.Inc()
@@ -51,6 +70,7 @@ func TestNewRegistersEverything(t *testing.T) {
 // TestLabelsFollowTheRewrite: the label values metrics pre-creates are the rewrite's
 // sections and words, in its order.
 func TestLabelsFollowTheRewrite(t *testing.T) {
+	t.Parallel()
 	if !slices.Equal(SectionLabels(), rewrite.KnownSections) {
 		t.Fatalf("SectionLabels %v, rewrite.KnownSections %v", SectionLabels(), rewrite.KnownSections)
 	}

@@ -14,6 +14,7 @@ import (
 // accepted and rejected syncs, the ring, the kept configuration with its state file and
 // re-seed, and ?id= answering only the syncs that touched an id.
 func TestDebugConfigDocument(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil, func(c *Config) {
 		c.Upstream = strings.Replace(c.Upstream, "http://", "http://operator:hunter2@", 1)
 		c.ReseedInterval, c.StateDir = time.Hour, t.TempDir() // kept, never started
@@ -99,6 +100,7 @@ func sectionItems(sections []debugSection, name string) *int {
 
 // TestClipString: clipString bounds what a client or APISIX put in the document.
 func TestClipString(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in   string
 		n    int

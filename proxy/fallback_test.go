@@ -71,6 +71,7 @@ func stored(t *testing.T, em *emulator.Emulator, section string) string {
 }
 
 func TestFallbackBackfillsHoldsAndReports(t *testing.T) {
+	t.Parallel()
 	var validates atomic.Int32
 	f, em := fallbackFixture(t, "3.17.0", 0, func(_ *emulator.Emulator, next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -114,6 +115,7 @@ func TestFallbackBackfillsHoldsAndReports(t *testing.T) {
 }
 
 func TestFallbackLeavesOutWhatRefersToALeftOutItem(t *testing.T) {
+	t.Parallel()
 	f, em := fallbackFixture(t, "3.17.0", 0, nil, nil)
 	putConfig(t, f, `{"routes_conf_version":1,"routes":[{"id":"r0","uri":"/z"}]}`, "d1")
 	r := putConfig(t, f, `{"services_conf_version":2,"services":[{"id":"bad","plugins":{"nope":{}}}],"routes_conf_version":2,"routes":[{"id":"r0","uri":"/z"},{"id":"r-bad","uri":"/x","service_id":"bad"},{"id":"r-good","uri":"/y"}]}`, "d2")
@@ -126,6 +128,7 @@ func TestFallbackLeavesOutWhatRefersToALeftOutItem(t *testing.T) {
 }
 
 func TestFallbackRoundsOn314(t *testing.T) {
+	t.Parallel()
 	f, em := fallbackFixture(t, "3.14.1", 0, nil, func(c *Config) { c.FallbackAnswer = AnswerAccepted })
 	putConfig(t, f, `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/a"},{"id":"r2","uri":"/b"}]}`, "d1")
 	r := putConfig(t, f, `{"routes_conf_version":2,"routes":[{"id":"r1","uri":"/A","plugins":{"nope":{}}},{"id":"r2","uri":"/B","plugins":{"nope":{}}},{"id":"r3","uri":"/c"}]}`, "d2")
@@ -138,6 +141,7 @@ func TestFallbackRoundsOn314(t *testing.T) {
 }
 
 func TestFallbackFailsSafe(t *testing.T) {
+	t.Parallel()
 	f, em := fallbackFixture(t, "3.17.0", 0, func(_ *emulator.Emulator, next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if strings.HasSuffix(r.URL.Path, "/validate") && r.ContentLength > 2 {
@@ -164,6 +168,7 @@ func TestFallbackFailsSafe(t *testing.T) {
 // PUT and the corrected one (the validate call lets it in): the corrected PUT meets a
 // version conflict, and the whole sync is decided again on a fresh read.
 func TestFallbackConflictOnTheCorrectedPut(t *testing.T) {
+	t.Parallel()
 	var once atomic.Bool
 	f, em := fallbackFixture(t, "3.17.0", 0, func(em *emulator.Emulator, next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -242,6 +247,7 @@ func TestFallbackSecondStepAndItsBudget(t *testing.T) {
 
 // TestFallbackKeyPairOn318: a copy APISIX refuses too is left out.
 func TestFallbackKeyPairOn318(t *testing.T) {
+	t.Parallel()
 	f, em := fallbackFixture(t, "3.18.0", 0, nil, nil)
 	pair := func(v, extra string) string {
 		return `{"consumers_conf_version":` + v + `,"consumers":[{"username":"a","plugins":{"key-auth":{"key":"k"}}},{"username":"b","plugins":{"key-auth":{"key":"k"}}}` + extra + `]}`

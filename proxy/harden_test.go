@@ -24,6 +24,7 @@ import (
 )
 
 func TestAllowCIDRs(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name   string
 		allow  string
@@ -71,6 +72,7 @@ func TestAllowCIDRs(t *testing.T) {
 }
 
 func TestUpgradesAreRefused(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil, nil)
 	for _, hdr := range []map[string]string{
 		{"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAMAAABkAARAAAAAAAIAAAAA"},
@@ -110,7 +112,7 @@ func slowPut(t *testing.T, f *fixture, digest string) (pw *io.PipeWriter, done <
 		req, _ := http.NewRequest("PUT", f.url+"/apisix/admin/configs", pr)
 		req.Header.Set("X-API-KEY", key)
 		req.Header.Set("X-Digest", digest)
-		res, err := http.DefaultClient.Do(req)
+		res, err := testHTTP.Do(req)
 		if err != nil {
 			answer <- resp{status: -1}
 			return
@@ -125,6 +127,7 @@ func slowPut(t *testing.T, f *fixture, digest string) (pw *io.PipeWriter, done <
 // TestSlowClientDoesNotHoldThePutLock: a client that trickles its body does not stop
 // another client's PUT, because the body is read before the lock is taken.
 func TestSlowClientDoesNotHoldThePutLock(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil, nil)
 	pw, slowDone := slowPut(t, f, "slow")
 	_, _ = io.WriteString(pw, `{"routes_conf_version":`)                                   // half a body, then silence
@@ -136,7 +139,7 @@ func TestSlowClientDoesNotHoldThePutLock(t *testing.T) {
 	req, _ := http.NewRequestWithContext(ctx, "PUT", f.url+"/apisix/admin/configs", strings.NewReader(`{"routes_conf_version":5}`))
 	req.Header.Set("X-API-KEY", key)
 	req.Header.Set("X-Digest", "fast")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := testHTTP.Do(req)
 	if err != nil || resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("the fast PUT waited for the slow one: %v %v", resp, err)
 	}
@@ -149,6 +152,7 @@ func TestSlowClientDoesNotHoldThePutLock(t *testing.T) {
 }
 
 func TestUpstreamTLS(t *testing.T) {
+	t.Parallel()
 	ca := testcerts.NewCA(t, "apisix-ca")
 	serverPair := ca.Issue(t, "apisix")
 	clientCA := testcerts.NewCA(t, "client-ca")
@@ -254,6 +258,7 @@ func putAsync(t *testing.T, f *fixture, body, digest string) <-chan int {
 
 // TestGetsGoOnWhileAPutIsInFlight: PUTs are serialised, other requests are not held up.
 func TestGetsGoOnWhileAPutIsInFlight(t *testing.T) {
+	t.Parallel()
 	h := newHeldPuts(t)
 	f, entered, release := h.fixture, h.entered, h.release
 	putDone := putAsync(t, f, `{"routes_conf_version":1}`, "a")
@@ -287,6 +292,7 @@ func TestGetsGoOnWhileAPutIsInFlight(t *testing.T) {
 }
 
 func TestPassthroughBodyLimit(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil, func(c *Config) { c.MaxBodyBytes = 1024 })
 	big := strings.Repeat("a", 4096)
 	for _, chunked := range []bool{false, true} {
@@ -296,7 +302,7 @@ func TestPassthroughBodyLimit(t *testing.T) {
 		}
 		req, _ := http.NewRequest("POST", f.url+"/apisix/admin/configs/validate", body)
 		req.Header.Set("X-API-KEY", key)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := testHTTP.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -309,6 +315,7 @@ func TestPassthroughBodyLimit(t *testing.T) {
 }
 
 func TestStateReadFailures(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name    string
 		upstrm  http.HandlerFunc
@@ -338,6 +345,7 @@ func TestStateReadFailures(t *testing.T) {
 }
 
 func TestOddHeadStatusFallsBackToGet(t *testing.T) {
+	t.Parallel()
 	em, _ := emulator.New(emulator.Options{AdminKey: key})
 	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodHead && r.URL.Path == "/apisix/admin/configs" {
@@ -371,6 +379,7 @@ func TestOddHeadStatusFallsBackToGet(t *testing.T) {
 }
 
 func TestClientGoneWhileSendingOrWaiting(t *testing.T) {
+	t.Parallel()
 	t.Run("body cut short", func(t *testing.T) {
 		f := newFixture(t, nil, nil)
 		conn, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
@@ -410,7 +419,7 @@ func TestClientGoneWhileSendingOrWaiting(t *testing.T) {
 		req.Header.Set("X-Digest", "b")
 		errc := make(chan error, 1)
 		go func() {
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := testHTTP.Do(req)
 			if err == nil {
 				resp.Body.Close()
 			}
@@ -438,6 +447,7 @@ func TestClientGoneWhileSendingOrWaiting(t *testing.T) {
 }
 
 func TestPutForwardFailsAfterTheStateRead(t *testing.T) {
+	t.Parallel()
 	em, _ := emulator.New(emulator.Options{AdminKey: key})
 	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPut {
@@ -460,6 +470,7 @@ func TestPutForwardFailsAfterTheStateRead(t *testing.T) {
 // Regression tests for what a hostile or careless client found (contract §5.5–§5.7).
 
 func TestRefusedCallerCostsNoStateRead(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil, nil)
 	big := `{"routes_conf_version":1,"routes":[` + strings.Repeat(`{"id":"x","uri":"/x"},`, 1000) + `{"id":"y","uri":"/y"}]}`
 	r := do(t, "PUT", f.url+"/apisix/admin/configs", big, map[string]string{"X-Digest": "d", "X-API-KEY": "guess"})
@@ -479,6 +490,7 @@ func TestRefusedCallerCostsNoStateRead(t *testing.T) {
 }
 
 func TestBodyBudgetAnswers503WithRetryAfter(t *testing.T) {
+	t.Parallel()
 	// a budget of one body: a second body waits, then is answered 503
 	hold := make(chan struct{})
 	em, _ := emulator.New(emulator.Options{AdminKey: key})
@@ -516,6 +528,7 @@ func TestBodyBudgetAnswers503WithRetryAfter(t *testing.T) {
 }
 
 func TestLogsAndHeadersStayBounded(t *testing.T) {
+	t.Parallel()
 	t.Run("a huge repeated key name", func(t *testing.T) {
 		f := newFixture(t, nil, nil)
 		name := strings.Repeat("k", 256<<10)
@@ -563,6 +576,7 @@ func TestLogsAndHeadersStayBounded(t *testing.T) {
 }
 
 func TestBufferNotReusedWhileTheTransportSends(t *testing.T) {
+	t.Parallel()
 	// APISIX answers before reading the body; under -race a reused buffer shows up as a
 	// race between the transport's write and the next PUT's read.
 	em, _ := emulator.New(emulator.Options{AdminKey: key})
@@ -598,6 +612,7 @@ func TestBufferNotReusedWhileTheTransportSends(t *testing.T) {
 // the body is complete; whichever way confshim learns of it (a fresh revalidation, or
 // APISIX's conflict and one retry), the preserved secrets survive and the sync lands.
 func TestAWriteWhileTheBodyArrives(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil, nil)
 	pw, done := slowPut(t, f, "slow")
 	_, _ = io.WriteString(pw, `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/a"}],`)

@@ -20,6 +20,7 @@ import (
 	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 	"github.com/confshim/confshim/internal/testsupport/emulator"
+	"github.com/confshim/confshim/internal/testsupport/wait"
 	"github.com/confshim/confshim/metrics"
 	"github.com/confshim/confshim/rewrite"
 )
@@ -41,6 +42,11 @@ type recorder struct {
 	reqs []seen
 	next http.Handler
 }
+
+// testHTTP sends the tests' own requests on a transport of their own: every
+// httptest.Server's Close closes http.DefaultTransport's idle connections, and a
+// request that had just taken one fails when another test ends beside it.
+var testHTTP = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 
 func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	body, _ := io.ReadAll(req.Body)
@@ -145,7 +151,7 @@ func do(t *testing.T, method, url, body string, hdr map[string]string) resp {
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
-	r, err := http.DefaultClient.Do(req)
+	r, err := testHTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,6 +169,7 @@ func withKey(extra map[string]string) map[string]string {
 }
 
 func TestPassthroughIsTransparent(t *testing.T) {
+	t.Parallel()
 	canned := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Server", "APISIX/3.17.0")
 		w.Header().Set("X-Last-Modified", "1764441600")
@@ -208,6 +215,7 @@ func TestPassthroughIsTransparent(t *testing.T) {
 }
 
 func TestConfigsPutIsRepaired(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil, nil)
 	// an operator's secrets manager, straight on the data plane
 	seed := `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":2,"secrets":[{"id":"vault/1","uri":"http://v"}]}`
@@ -257,6 +265,7 @@ func TestConfigsPutIsRepaired(t *testing.T) {
 }
 
 func TestConfigsPutPathNormalisation(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil, nil)
 	r := do(t, "PUT", f.url+"//apisix/admin/./configs", `{"routes_conf_version":1}`, withKey(map[string]string{"X-Digest": "d"}))
 	if r.status != http.StatusAccepted || r.header.Get("X-Confshim-Actions") == "" {
@@ -269,6 +278,7 @@ func TestConfigsPutPathNormalisation(t *testing.T) {
 }
 
 func TestConfigsPutErrors(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name     string
 		body     string
@@ -311,7 +321,7 @@ func TestConfigsPutErrors(t *testing.T) {
 			for k, v := range hdr {
 				req.Header.Set(k, v)
 			}
-			res, err := http.DefaultClient.Do(req)
+			res, err := testHTTP.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -341,6 +351,7 @@ func TestConfigsPutErrors(t *testing.T) {
 }
 
 func TestStateReadUsesTheCallersCredentials(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name, query string
 		hdr         map[string]string
@@ -409,6 +420,7 @@ func TestStateReadUsesTheCallersCredentials(t *testing.T) {
 }
 
 func TestClientGoneIsNotAnUpstreamError(t *testing.T) {
+	t.Parallel()
 	hang := make(chan struct{})
 	defer close(hang)
 	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -420,13 +432,10 @@ func TestClientGoneIsNotAnUpstreamError(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", f.url+"/apisix/admin/configs", nil)
-	if _, err := http.DefaultClient.Do(req); err == nil {
+	if _, err := testHTTP.Do(req); err == nil {
 		t.Fatal("want the client's own timeout")
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for testutil.ToFloat64(f.m.ClientDisconnects) < 1 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, "the client's disconnect to be counted", func() bool { return testutil.ToFloat64(f.m.ClientDisconnects) >= 1 })
 	if got := testutil.ToFloat64(f.m.ClientDisconnects); got != 1 {
 		t.Fatalf("client disconnects = %v", got)
 	}
@@ -440,6 +449,7 @@ func TestClientGoneIsNotAnUpstreamError(t *testing.T) {
 // TestLogsNeverLeakSecrets sends the admin key in every form and a body full of
 // secrets, valid and broken, and reads the whole log.
 func TestLogsNeverLeakSecrets(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil, nil)
 	secretBody := `{"routes_conf_version":1,"ssls":[{"id":"s1","cert":"c","key":"-----BEGIN PRIVATE KEY-----SSLSECRET"}],"consumers":[{"username":"u","plugins":{"key-auth":{"key":"CONSUMERSECRET"}}}],"secrets":[{"id":"vault/1","token":"VAULTTOKEN"}]}`
 	forms := []struct {
@@ -472,6 +482,7 @@ func TestLogsNeverLeakSecrets(t *testing.T) {
 }
 
 func TestMetricsExposition(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil, func(c *Config) { c.Preserve = []string{"secrets"} })
 	do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":2,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":0,"upstreams_conf_version":1}`, withKey(map[string]string{"X-Digest": "a"}))
 	do(t, "PUT", f.url+"/apisix/admin/configs", `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/a"}],"secrets":[{"id":"v/1"}],"secrets_conf_version":1}`, withKey(map[string]string{"X-Digest": "b"}))
@@ -498,6 +509,7 @@ func TestMetricsExposition(t *testing.T) {
 }
 
 func TestReady(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil, nil)
 	p, _ := New(Config{Upstream: f.url, MaxBodyBytes: 1, UpstreamTimeout: time.Second, Metrics: metrics.New(prometheus.NewRegistry(), "t")})
 	if !p.Ready(context.Background()) {
@@ -506,6 +518,7 @@ func TestReady(t *testing.T) {
 }
 
 func TestNewReportsEverySettingAtFault(t *testing.T) {
+	t.Parallel()
 	_, err := New(Config{Upstream: "ftp://x", MaxBodyBytes: 0, UpstreamTimeout: 0, UpstreamCAFile: "/nonexistent", Metrics: metrics.New(prometheus.NewRegistry(), "t")})
 	if err == nil {
 		t.Fatal("want errors")
@@ -522,6 +535,7 @@ func TestNewReportsEverySettingAtFault(t *testing.T) {
 }
 
 func TestYAMLPuts(t *testing.T) {
+	t.Parallel()
 	t.Run("repaired by splicing the client's YAML", func(t *testing.T) {
 		f := newFixture(t, nil, func(c *Config) { c.Preserve = nil })
 		seed := httptest.NewRequest("PUT", "/apisix/admin/configs", strings.NewReader(`{"routes_conf_version":9}`))

@@ -56,6 +56,7 @@ func samePreparedSplit(t *testing.T, rw *Rewriter, body []byte, pieces []int, sp
 }
 
 func TestArrivingScanIsPrepare(t *testing.T) {
+	t.Parallel()
 	rw := New(DefaultPreserve)
 	bodies := map[string]string{
 		"sections":  `{"routes_conf_version":3,"routes":[{"id":"r1","uri":"/a","plugins":{"x":{"a":[1,2.5e3,true,null]}}},{"id":"r\u00e9"}],"secrets":[]}`,
@@ -87,6 +88,7 @@ func TestArrivingScanIsPrepare(t *testing.T) {
 // The work of an arriving scan stays linear however the body is cut: one string of a
 // megabyte arriving a byte at a time is scanned again only each time it doubled.
 func TestArrivingScanIsLinear(t *testing.T) {
+	t.Parallel()
 	body := []byte(`{"a":"` + string(make([]byte, 1<<20)) + `"}`)
 	for i := 6; i < len(body)-2; i++ {
 		body[i] = 'x'

@@ -97,19 +97,19 @@ func (s *itemSplice) applyTo(body []byte, obj *object) ([]byte, error) {
 // references lists an item's references by id, by a scan of its top-level members (no
 // decode: a fallback looks at every item of the PUT). A field given twice counts as
 // lua-cjson reads it: the last one.
-func references(item []byte) []reference {
+func references(table sections.Table, item []byte) []reference {
 	// the reference fields APISIX resolves by id (not checked on a PUT), from the table
 	// of sections
-	found := make([][]byte, len(sections.Table))
+	found := make([][]byte, len(table))
 	eachMember(item, func(name string, value []byte) {
-		for i, s := range sections.Table {
+		for i, s := range table {
 			if s.ReferencedBy != "" && name == s.ReferencedBy {
 				found[i] = value
 			}
 		}
 	})
 	var out []reference
-	for i, s := range sections.Table {
+	for i, s := range table {
 		if id := idText(found[i]); id != "" {
 			out = append(out, reference{Section: s.Name, ID: id})
 		}
@@ -120,7 +120,7 @@ func references(item []byte) []reference {
 // ItemFingerprint identifies an item's content as §5.1 compares it (key order,
 // whitespace, escapes and its top-level modifiedIndex do not count).
 func (rw *Rewriter) ItemFingerprint(item []byte) uint64 {
-	h := semHasher{seed: rw.seed}
+	h := rw.hasher()
 	wrapped := make([]byte, 0, len(item)+2)
 	wrapped = append(append(append(wrapped, '['), item...), ']')
 	return h.sectionFingerprint("", wrapped)

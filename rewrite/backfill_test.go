@@ -7,6 +7,8 @@ import (
 
 	"github.com/valyala/fastjson"
 	"golang.org/x/tools/txtar"
+
+	"github.com/confshim/confshim/internal/sections"
 )
 
 // FuzzBackfill: holding any item of any body back leaves valid JSON with one item
@@ -58,7 +60,8 @@ func FuzzBackfill(f *testing.F) {
 }
 
 func TestReferences(t *testing.T) {
-	refs := references([]byte(`{"id":"r1","service_id":"s1","upstream_id":7,"plugin_config_id":"","labels":{"service_id":"x"}}`))
+	t.Parallel()
+	refs := references(sections.APISIX(), []byte(`{"id":"r1","service_id":"s1","upstream_id":7,"plugin_config_id":"","labels":{"service_id":"x"}}`))
 	if len(refs) != 2 || refs[0] != (reference{"services", "s1"}) || refs[1] != (reference{"upstreams", "7"}) {
 		t.Fatalf("%v", refs)
 	}
@@ -67,6 +70,7 @@ func TestReferences(t *testing.T) {
 // TestBackfillGolden runs testdata/backfill: a body, the holds (section, index, the
 // replacement or "-" to leave it out) and versions to set, and the corrected body.
 func TestBackfillGolden(t *testing.T) {
+	t.Parallel()
 	eachGolden(t, "../testdata/backfill", func(t *testing.T, _ string, a *txtar.Archive) {
 		var splice itemSplice
 		b, _ := body(a, "body.json")
@@ -113,6 +117,7 @@ func TestBackfillGolden(t *testing.T) {
 // TestItemSectionsAreUnclipped: the fallback decides with full section names (Sections
 // clips them for reports).
 func TestItemSectionsAreUnclipped(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("s", 80)
 	p, err := New(nil).Prepare([]byte(`{"` + long + `":[{"id":"a"}],"` + long + `_conf_version":1,"routes_conf_version":2}`))
 	if err != nil {

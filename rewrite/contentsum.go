@@ -3,8 +3,6 @@ package rewrite
 import (
 	"hash/maphash"
 	"strings"
-
-	"github.com/confshim/confshim/internal/sections"
 )
 
 // ContentSum fingerprints what a body asks the data plane to hold, leaving out what a
@@ -16,14 +14,14 @@ import (
 // the body, so it is for rare questions (is this the configuration APISIX could not
 // store?), not for every sync.
 func (rw *Rewriter) ContentSum(p *Prepared) uint64 {
-	h := semHasher{seed: rw.seed}
+	h := rw.hasher()
 	var sum, n uint64
 	for i, m := range p.obj.members {
 		if strings.HasSuffix(m.name, versionSuffix) {
 			continue
 		}
 		v := p.sums[i]
-		if !p.yaml && m.valueStart >= 0 && sections.Known(m.name) {
+		if !p.yaml && m.valueStart >= 0 && rw.table.Known(m.name) {
 			v = h.sectionFingerprint(m.name, p.body[m.valueStart:m.valueEnd])
 		}
 		sum += fmix(maphash.String(rw.seed, m.name) ^ fmix(v))

@@ -1,8 +1,13 @@
 package rewrite
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/confshim/confshim/internal/sections"
+)
 
 func TestContentSum(t *testing.T) {
+	t.Parallel()
 	rw := New(nil)
 	base := `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/a","modifiedIndex":1},{"id":"r2","uri":"/b"}],"upstreams":[{"id":"u1","nodes":{"a:80":1}}],"upstreams_conf_version":4}`
 	cases := []struct {
@@ -30,7 +35,7 @@ func TestContentSum(t *testing.T) {
 	}
 }
 
-func routesOrderFree() bool { return orderFree("routes") }
+func routesOrderFree() bool { return orderFree(sections.APISIX(), "routes") }
 
 func contentSum(t *testing.T, rw *Rewriter, body string) uint64 {
 	t.Helper()

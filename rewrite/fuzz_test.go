@@ -192,12 +192,12 @@ func FuzzReferences(f *testing.F) {
 			return // References reads items of a body the scan validated: JSON objects
 		}
 		var want []reference
-		for _, rf := range sections.References() {
+		for _, rf := range sections.APISIX().References() {
 			if id := idText(fields[rf.Field]); id != "" {
 				want = append(want, reference{Section: rf.Section, ID: id})
 			}
 		}
-		got := references(item)
+		got := references(sections.APISIX(), item)
 		if len(got) != len(want) {
 			t.Fatalf("references(%q) = %v, want %v", item, got, want)
 		}

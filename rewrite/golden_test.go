@@ -134,6 +134,7 @@ func eachGolden(t *testing.T, dir string, check func(t *testing.T, path string, 
 // = a fresh data plane), optional record.json, request.json, optional digest and
 // preserve → want.json (the forwarded body) and want.report.
 func TestGolden(t *testing.T) {
+	t.Parallel()
 	eachGolden(t, "../testdata/rewrite", func(t *testing.T, path string, a *txtar.Archive) {
 		var err error
 		for _, f := range a.Files {

@@ -11,6 +11,8 @@ import (
 	"hash/maphash"
 	"math"
 	"strconv"
+
+	"github.com/confshim/confshim/internal/sections"
 )
 
 const versionSuffix = "_conf_version"
@@ -188,6 +190,7 @@ type State struct {
 
 type semHasher struct {
 	seed    maphash.Seed
+	table   sections.Table // which sections are order-free
 	b       []byte
 	i       int
 	scratch []byte
@@ -221,6 +224,7 @@ type Rewriter struct {
 	preserve map[string]bool
 	merge    map[string]bool // --merge sections (§8.6)
 	seed     maphash.Seed
+	table    sections.Table // the sections it knows: APISIX's
 }
 
 // Input is one request to decide on.
@@ -254,8 +258,9 @@ type Prepared struct {
 	body   []byte
 	obj    object
 	yaml   bool
-	sums   []uint64 // per member: the hash of its value (the record's, for sections)
-	layout *Layout  // JSON bodies: what the next PrepareLike may reuse
+	sums   []uint64       // per member: the hash of its value (the record's, for sections)
+	layout *Layout        // JSON bodies: what the next PrepareLike may reuse
+	table  sections.Table // the Rewriter's that prepared it
 }
 
 // decision is one Decide call: the prepared body and its edits, the input, the hasher

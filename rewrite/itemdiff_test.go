@@ -7,6 +7,7 @@ import (
 )
 
 func TestDiffItems(t *testing.T) {
+	t.Parallel()
 	rw := New(nil)
 	for _, tc := range []struct {
 		name, section, before, after string
@@ -36,6 +37,7 @@ func TestDiffItems(t *testing.T) {
 // TestDiffItemsBounded: 10,000 changed routes list 20 ids each and count them all; a
 // long id is cut at 64 bytes.
 func TestDiffItemsBounded(t *testing.T) {
+	t.Parallel()
 	var before, after strings.Builder
 	before.WriteByte('[')
 	after.WriteByte('[')

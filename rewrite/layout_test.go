@@ -50,6 +50,7 @@ func FuzzPrepareLike(f *testing.F) {
 }
 
 func TestPrepareLikeReusesOnlyWhatIsTheSame(t *testing.T) {
+	t.Parallel()
 	rw := New(DefaultPreserve)
 	base := []byte(`{"routes_conf_version":17,"routes":[{"id":"r1","modifiedIndex":17}],"secrets_conf_version":0}`)
 	first, err := rw.Prepare(base)

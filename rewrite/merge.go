@@ -92,7 +92,9 @@ func CountItems(raw []byte) int {
 
 // itemID is an item's identity as APISIX keys it: tostring(id), or a consumer's
 // username; "" when it has neither. It reads the item's top-level keys only (the item
-// is valid JSON: the body was scanned), without decoding the rest.
+// is valid JSON: the body was scanned), without decoding the rest. Which sections go by
+// username is APISIX's table's to say, not a Rewriter's: SplitItems and the item diffs
+// that call this have none.
 func itemID(section string, item []byte) string {
 	var id, username []byte
 	eachMember(item, func(name string, value []byte) {
@@ -104,7 +106,7 @@ func itemID(section string, item []byte) string {
 		}
 	})
 	raw := id
-	if s, _ := sections.Lookup(section); len(raw) == 0 && s.ByUsername {
+	if s, _ := sections.APISIX().Lookup(section); len(raw) == 0 && s.ByUsername {
 		raw = username
 	}
 	return idText(raw)

@@ -19,6 +19,7 @@ import (
 // every accepted client sync, the data plane's section is exactly the client's latest
 // snapshot plus the out-of-band items whose ids the client never sent (contract §8.6).
 func TestMergePropertyAgainstTheEmulator(t *testing.T) {
+	t.Parallel()
 	const section = "secrets"
 	for seq := 0; seq < 60; seq++ {
 		rng := rand.New(rand.NewPCG(uint64(seq), 7))
@@ -114,6 +115,7 @@ func sortedMap(m map[string]string) []string {
 }
 
 func TestCountItems(t *testing.T) {
+	t.Parallel()
 	for raw, want := range map[string]int{
 		``: 0, `[]`: 0, ` [ ] `: 0, `{}`: 0, `[{"a":"],["}]`: 1, `[1, "x,y", [2,3], {"k":[4]}]`: 4, `[{"id":"r1"},{"id":"r2"}]`: 2,
 	} {
@@ -124,6 +126,7 @@ func TestCountItems(t *testing.T) {
 }
 
 func TestItemID(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ section, item, want string }{
 		{"routes", `{"id":"r1","uri":"/a"}`, "r1"},
 		{"routes", ` { "uri" : "/a" , "id" : 7 } `, "7"},
@@ -146,6 +149,7 @@ func TestItemID(t *testing.T) {
 // TestUnionNamesWhatItKeeps: the kept ids are named for the log, at most maxKeptIDs,
 // each cut at 64 bytes; the count stays whole.
 func TestUnionNamesWhatItKeeps(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("x", 100)
 	var dp []string
 	for i := 0; i < 25; i++ {
@@ -172,6 +176,7 @@ func TestUnionNamesWhatItKeeps(t *testing.T) {
 // that left them out; at a version it moved, the client's own vault/ctrl goes and the
 // operator's vault/op stays.
 func TestMergedSectionLeftOut(t *testing.T) {
+	t.Parallel()
 	const ctrl = `{"id":"vault/ctrl","uri":"http://vault:8200","prefix":"kv/ctrl","token":"c"}`
 	type step struct {
 		body string

@@ -43,7 +43,7 @@ func (pl *Plan) references(section string) [][]reference {
 	items := pl.Items(section)
 	refs := make([][]reference, len(items))
 	for i, it := range items {
-		refs[i] = references(it.Raw)
+		refs[i] = references(pl.body.table, it.Raw)
 	}
 	pl.refs[section] = refs
 	return refs

@@ -3,12 +3,15 @@ package rewrite
 import (
 	"strings"
 	"testing"
+
+	"github.com/confshim/confshim/internal/sections"
 )
 
 // TestPlanHoldsToAFixedPoint: a rejected item with an accepted copy is backfilled, one
 // without is left out, and every item that refers to one left out — also through a
 // chain — is held back with it; nothing else moves.
 func TestPlanHoldsToAFixedPoint(t *testing.T) {
+	t.Parallel()
 	body := `{"routes_conf_version":2,"routes":[{"id":"r1","service_id":"s-new"},{"id":"r2","uri":"/ok"},{"id":"r3","plugins":{"nope":{}}}],` +
 		`"services_conf_version":2,"services":[{"id":"s-new","upstream_id":"u-bad"},{"id":"s-old"}],` +
 		`"upstreams_conf_version":2,"upstreams":[{"id":"u-bad","nodes":"x"}]}`
@@ -57,7 +60,8 @@ func TestPlanHoldsToAFixedPoint(t *testing.T) {
 // in an object is not, an escaped key counts as lua-cjson reads it, the last of a
 // repeated field wins.
 func TestReferencesReadTopLevelMembersOnly(t *testing.T) {
-	refs := references([]byte(`{"labels":{"service_id":"x"},"service_\u0069d":"s1","upstream_id":"u1","upstream_id":"u2","group_id":null}`))
+	t.Parallel()
+	refs := references(sections.APISIX(), []byte(`{"labels":{"service_id":"x"},"service_\u0069d":"s1","upstream_id":"u1","upstream_id":"u2","group_id":null}`))
 	if len(refs) != 2 || refs[0] != (reference{"services", "s1"}) || refs[1] != (reference{"upstreams", "u2"}) {
 		t.Fatalf("references %+v", refs)
 	}
@@ -67,6 +71,7 @@ func TestReferencesReadTopLevelMembersOnly(t *testing.T) {
 // the very client bytes it was made for; any other byte of a held section means split
 // and match again.
 func TestReapplyNeedsTheSameClientBytes(t *testing.T) {
+	t.Parallel()
 	rw := New(nil)
 	body := `{"routes_conf_version":2,"routes":[{"id":"r1","plugins":{"nope":{}}},{"id":"r2"}]}`
 	p, err := rw.Prepare([]byte(body))

@@ -108,6 +108,7 @@ func canonical(v any) string {
 }
 
 func TestPropertiesAgainstTheEmulator(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	preserved := map[string]bool{"secrets": true, "plugin_configs": true}
 	rw := New([]string{"secrets", "plugin_configs"})

@@ -28,14 +28,20 @@ var AllActions = []Action{Raised, Bumped, Preserved, Settled, Merged, Backfilled
 // copy the data plane last accepted, or left out.
 const Backfilled Action = "backfilled"
 
-// New returns a Rewriter that preserves the given sections.
-func New(preserve []string) *Rewriter {
+// New returns a Rewriter that knows APISIX's sections and preserves the given ones.
+func New(preserve []string) *Rewriter { return newWithTable(sections.APISIX(), preserve) }
+
+// newWithTable is New knowing the sections of table instead (tests).
+func newWithTable(table sections.Table, preserve []string) *Rewriter {
 	p := make(map[string]bool, len(preserve))
 	for _, s := range preserve {
 		p[s] = true
 	}
-	return &Rewriter{preserve: p, seed: maphash.MakeSeed()}
+	return &Rewriter{preserve: p, seed: maphash.MakeSeed(), table: table}
 }
+
+// hasher is a semantic hasher on the Rewriter's seed and sections.
+func (rw *Rewriter) hasher() semHasher { return semHasher{seed: rw.seed, table: rw.table} }
 
 // Prepare validates and scans a JSON body. Errors: *RefuseError (400), *SkipError
 // (forward untouched).
@@ -80,7 +86,7 @@ func (rw *Rewriter) preparedSums(body []byte, obj object, yaml bool, sums []uint
 	if err := obj.index(); err != nil {
 		return nil, err
 	}
-	p := &Prepared{body: body, obj: obj, yaml: yaml, sums: make([]uint64, len(obj.members))}
+	p := &Prepared{body: body, obj: obj, yaml: yaml, sums: make([]uint64, len(obj.members)), table: rw.table}
 	copy(p.sums, sums)
 	for i := len(sums); i < len(obj.members); i++ {
 		if m := obj.members[i]; m.valueStart >= 0 {
@@ -111,7 +117,7 @@ func (rw *Rewriter) Decide(p *Prepared, in Input) (*Result, error) {
 	}
 	res := &Result{owned: Ownership{}, unread: in.Unread}
 	e := edits{newValue: make([][]byte, len(p.obj.members)), drop: make([]bool, len(p.obj.members))}
-	h := semHasher{seed: rw.seed}
+	h := rw.hasher()
 	sections := rw.sections(&p.obj, in.State)
 	res.sections = make([]outcome, 0, len(sections))
 	d := &decision{rw: rw, p: p, e: &e, in: in, h: &h, res: res}
@@ -189,7 +195,7 @@ func (d *decision) finish(noop bool) (*Result, error) {
 // Linear in the body's keys: a body of 70,000 version keys costs no sort and no
 // second lookup per key.
 func (rw *Rewriter) sections(obj *object, st *State) []sectionRef {
-	out := make([]sectionRef, 0, len(sections.Table)+len(st.Versions)+len(obj.idx))
+	out := make([]sectionRef, 0, len(rw.table)+len(st.Versions)+len(obj.idx))
 	for s, sl := range obj.idx {
 		if sl.version >= 0 {
 			out = append(out, sectionRef{s, sl})
@@ -200,11 +206,11 @@ func (rw *Rewriter) sections(obj *object, st *State) []sectionRef {
 			out = append(out, sectionRef{s, sl})
 		}
 	}
-	for _, s := range sections.Table {
+	for _, s := range rw.table {
 		others(s.Name)
 	}
 	for s := range st.Versions {
-		if !sections.Known(s) {
+		if !rw.table.Known(s) {
 			others(s)
 		}
 	}
@@ -269,7 +275,7 @@ func (p *Prepared) ItemSections() []string {
 func (p *Prepared) Sections(limit int) []string {
 	out := make([]string, 0, min(len(p.obj.idx), limit))
 	for s, sl := range p.obj.idx {
-		if sl.version >= 0 || (sl.items >= 0 && sections.Known(s)) {
+		if sl.version >= 0 || (sl.items >= 0 && p.table.Known(s)) {
 			out = append(out, s)
 		}
 	}
@@ -324,7 +330,7 @@ func (rw *Rewriter) prepareLike(body []byte, prev *Layout, full func() (*Prepare
 			return full() // let the full scan say what is wrong
 		}
 	}
-	p := &Prepared{body: body, obj: prev.obj, sums: valSums}
+	p := &Prepared{body: body, obj: prev.obj, sums: valSums, table: rw.table}
 	p.layout = &Layout{size: prev.size, obj: prev.obj, headSum: prev.headSum, keySums: prev.keySums, tailSums: prev.tailSums, valSums: valSums}
 	return p, nil
 }

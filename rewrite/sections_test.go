@@ -6,22 +6,23 @@ import (
 	"testing"
 
 	"github.com/confshim/confshim/internal/sections"
-	"github.com/confshim/confshim/metrics"
 )
 
 // TestASectionIsOneTableEntry: a section APISIX grows is one entry in the table of
-// sections; this test adds "widgets" (order-free, referred to by widget_id) and finds
-// it in every place that knows sections — the sections decided, the order-free
-// comparison, the references a fallback follows, the metrics' labels.
+// sections; this test builds a table with "widgets" (order-free, referred to by
+// widget_id) and finds it in every place a Rewriter knows sections from — the sections
+// decided, the order-free comparison, the references a fallback follows. (The metrics'
+// labels are APISIX's table's: metrics' TestSectionLabelsAreTheTables.)
 func TestASectionIsOneTableEntry(t *testing.T) {
-	saved := slices.Clone(sections.Table)
-	t.Cleanup(func() { sections.Table = saved })
-	sections.Table = append(sections.Table, sections.Section{Name: "widgets", OrderFree: true, ReferencedBy: "widget_id"})
-
-	if !orderFree("widgets") || metrics.SectionLabel("widgets") != "widgets" || !slices.Contains(metrics.SectionLabels(), "widgets") {
-		t.Fatalf("order-free %v, label %q", orderFree("widgets"), metrics.SectionLabel("widgets"))
+	t.Parallel()
+	table := append(sections.APISIX(), sections.Section{Name: "widgets", OrderFree: true, ReferencedBy: "widget_id"})
+	if sections.APISIX().Known("widgets") {
+		t.Fatal("appending to APISIX's table changed it")
 	}
-	refs := references([]byte(`{"id":"r1","widget_id":"w1","service_id":"s1"}`))
+	if !orderFree(table, "widgets") {
+		t.Fatal("widgets are not order-free")
+	}
+	refs := references(table, []byte(`{"id":"r1","widget_id":"w1","service_id":"s1"}`))
 	if len(refs) != 2 || !slices.Contains(refs, reference{Section: "widgets", ID: "w1"}) {
 		t.Fatalf("references %v", refs)
 	}
@@ -30,12 +31,12 @@ func TestASectionIsOneTableEntry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := New(nil).Rewrite(Input{Body: []byte(`{"widgets_conf_version":3,"widgets":[{"id":"b","v":2},{"id":"a","v":1}]}`), State: st, Digest: "d", HasDigest: true})
+	res, err := newWithTable(table, nil).Rewrite(Input{Body: []byte(`{"widgets_conf_version":3,"widgets":[{"id":"b","v":2},{"id":"a","v":1}]}`), State: st, Digest: "d", HasDigest: true})
 	if err != nil || res.Actions() != "widgets=raised" {
 		t.Fatalf("reordered widgets: %q %v", res.Actions(), err)
 	}
 	// a section known from the table is decided even when neither side names it
-	res, err = New([]string{"widgets"}).Rewrite(Input{Body: []byte(`{"routes_conf_version":1}`), State: st, Digest: "d", HasDigest: true})
+	res, err = newWithTable(table, []string{"widgets"}).Rewrite(Input{Body: []byte(`{"routes_conf_version":1}`), State: st, Digest: "d", HasDigest: true})
 	if err != nil || !strings.Contains(res.Actions(), "widgets=preserved") {
 		t.Fatalf("a preserved widgets section: %q %v", res.Actions(), err)
 	}

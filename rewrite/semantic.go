@@ -39,9 +39,9 @@ func fmix(h uint64) uint64 {
 }
 
 // orderFree reports whether section's items are compared as a set (§8.1, the table of
-// sections): a section confshim does not know keeps its order.
-func orderFree(section string) bool {
-	s, _ := sections.Lookup(section)
+// sections): a section the table does not hold keeps its order.
+func orderFree(table sections.Table, section string) bool {
+	s, _ := table.Lookup(section)
 	return s.OrderFree
 }
 
@@ -61,7 +61,7 @@ func (h *semHasher) sectionFingerprint(section string, b []byte) uint64 {
 	if b[h.i] == ']' {
 		return tagEmpty
 	}
-	free := orderFree(section)
+	free := orderFree(h.table, section)
 	var ordered, set uint64 = tagArray, 0
 	n := uint64(1)
 	for ; ; n++ {

@@ -11,7 +11,7 @@ import (
 // KnownSections is APISIX's resource key set, from the one table of sections
 // (internal/sections). Sections are also discovered from any <name>_conf_version key, so
 // a future section needs no code change to be repaired.
-var KnownSections = sections.Names()
+var KnownSections = sections.APISIX().Names()
 
 // DefaultPreserve is the contract's default for --preserve: sections owned by
 // out-of-band writers, which ADC never models.

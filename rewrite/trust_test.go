@@ -7,6 +7,7 @@ import (
 )
 
 func TestDecideWithoutStateDoesNotPanic(t *testing.T) {
+	t.Parallel()
 	rw := New(DefaultPreserve)
 	p, err := rw.Prepare([]byte(`{"routes_conf_version":1,"routes":[]}`))
 	if err != nil {
@@ -58,6 +59,7 @@ func BenchmarkManyVersionKeys(b *testing.B) {
 // TestManyVersionKeysAreDecided: a body of 70,000 version keys is decided, each stale
 // one raised, with no error.
 func TestManyVersionKeysAreDecided(t *testing.T) {
+	t.Parallel()
 	body, st := manyVersionKeys(70000)
 	res, err := New(DefaultPreserve).Rewrite(Input{Body: body, State: st})
 	if err != nil {
@@ -69,6 +71,7 @@ func TestManyVersionKeysAreDecided(t *testing.T) {
 }
 
 func TestNextStorable(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		v, want float64
 		ok      bool
@@ -91,6 +94,7 @@ func TestNextStorable(t *testing.T) {
 }
 
 func TestLyamlVersionScalars(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		raw     string
 		v       float64

@@ -188,6 +188,7 @@ var yamlSeeds = []string{
 // uses keeps its items on the second sync (issue 18: it was refused with 400 on every
 // sync after the first, although nothing needed repair); the rest is still thinned.
 func TestYAMLAnchorSectionIsNotThinned(t *testing.T) {
+	t.Parallel()
 	rw := New(DefaultPreserve)
 	body := []byte("routes_conf_version: 2\nroutes:\n  - id: r1\n    uri: /a\n    plugins: &cors\n      cors: {}\n" +
 		"services_conf_version: 2\nservices:\n  - id: s1\n    plugins: *cors\n" +

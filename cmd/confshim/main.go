@@ -31,21 +31,27 @@ import (
 // version is stamped at build time: -ldflags "-X main.version=…".
 var version = "dev"
 
-// Tests shorten these; they are the contract's values otherwise.
-var (
-	readyWindow       = 10 * time.Second // one upstream answer keeps /readyz 200 this long (§7)
-	certCheckInterval = time.Second      // how often the TLS files are checked for a rotation
-)
+// hooks are what run takes besides its arguments and surroundings that a test may
+// change; main passes defaultHooks, the contract's values.
+type hooks struct {
+	ready             func(proxyAddr, metricsAddr string) // when set, learns the bound addresses
+	readyWindow       time.Duration                       // one upstream answer keeps /readyz 200 this long (§7)
+	certCheckInterval time.Duration                       // how often the TLS files are checked for a rotation (0: at every handshake)
+}
+
+func defaultHooks() hooks {
+	return hooks{readyWindow: 10 * time.Second, certCheckInterval: time.Second}
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr, nil)
+	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr, defaultHooks())
 	stop()
 	os.Exit(code)
 }
 
-// run is the whole program; ready, when set, learns the bound addresses (tests).
-func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer, ready func(proxyAddr, metricsAddr string)) int {
+// run is the whole program.
+func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer, h hooks) int {
 	opts, err := parseOptions(args, lookupEnv)
 	if errors.Is(err, errVersion) {
 		fmt.Fprintf(stdout, "confshim %s\n", version)
@@ -72,7 +78,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		TrustConnection:            opts.trustConnection,
 		MaxBodyBytes:               opts.maxBodyBytes,
 		BodyBudgetBytes:            opts.bodyBudgetBytes,
-		ReadyWindow:                readyWindow,
+		ReadyWindow:                h.readyWindow,
 		ReseedInterval:             opts.reseedInterval,
 		StateDir:                   opts.stateDir,
 		UpstreamTimeout:            opts.upstreamTimeout,
@@ -94,7 +100,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	}
 	var tlsConfig *tls.Config
 	if opts.tlsCertFile != "" {
-		reloader, err := newCertReloader(opts.tlsCertFile, opts.tlsKeyFile, certCheckInterval, logger)
+		reloader, err := newCertReloader(opts.tlsCertFile, opts.tlsKeyFile, h.certCheckInterval, logger)
 		if err != nil {
 			fmt.Fprintln(stderr, err)
 			return 2
@@ -155,8 +161,8 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 			logger.Warn().Dur("reseed_interval", opts.reseedInterval).Msg("the watch does not ping often enough to keep the decide connection open (" + limit + "): a sync more than " + limit + " after the last answer reads the state first")
 		}
 	}
-	if ready != nil {
-		ready(proxyLn.Addr().String(), metricsLn.Addr().String())
+	if h.ready != nil {
+		h.ready(proxyLn.Addr().String(), metricsLn.Addr().String())
 	}
 
 	code := 0

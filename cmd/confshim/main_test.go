@@ -18,9 +18,22 @@ import (
 
 func noEnv(string) (string, bool) { return "", false }
 
+// withReady is the default hooks with ready set.
+func withReady(ready func(proxyAddr, metricsAddr string)) hooks {
+	h := defaultHooks()
+	h.ready = ready
+	return h
+}
+
+// mustNotListen fails the test if run gets as far as listening.
+func mustNotListen(t *testing.T) hooks {
+	return withReady(func(string, string) { t.Fatal("must not listen") }) // run is called on the test's goroutine
+}
+
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
-	if code := run(context.Background(), []string{"--version"}, noEnv, &out, io.Discard, nil); code != 0 {
+	if code := run(context.Background(), []string{"--version"}, noEnv, &out, io.Discard, defaultHooks()); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	if !strings.HasPrefix(out.String(), "confshim ") {
@@ -29,10 +42,11 @@ func TestVersion(t *testing.T) {
 }
 
 func TestBadFlagsAreAllReportedBeforeListening(t *testing.T) {
+	t.Parallel()
 	var stderr bytes.Buffer
 	args := []string{"--listen", "nope", "--max-body-bytes", "-1", "--upstream-timeout", "soon", "--log-level", "loud",
 		"--log-format", "xml", "--upstream", "ftp://x", "--tls-cert-file", "a.pem"}
-	code := run(context.Background(), args, noEnv, io.Discard, &stderr, func(string, string) { t.Fatal("must not listen") })
+	code := run(context.Background(), args, noEnv, io.Discard, &stderr, mustNotListen(t))
 	if code == 0 {
 		t.Fatal("want a non-zero exit")
 	}
@@ -48,7 +62,7 @@ func TestBadFlagsAreAllReportedBeforeListening(t *testing.T) {
 	}
 	// --upstream is checked when the proxy is built, still before listening
 	stderr.Reset()
-	code = run(context.Background(), []string{"--upstream", "ftp://x", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, noEnv, io.Discard, &stderr, func(string, string) { t.Fatal("must not listen") })
+	code = run(context.Background(), []string{"--upstream", "ftp://x", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, noEnv, io.Discard, &stderr, mustNotListen(t))
 	if code == 0 || !strings.HasPrefix(stderr.String(), "--upstream:") {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
@@ -57,6 +71,7 @@ func TestBadFlagsAreAllReportedBeforeListening(t *testing.T) {
 // TestAllowCIDRsNeverFailsOpen: a value with no usable entry is an error, never
 // "everyone" (issue 18); only the empty default allows every client.
 func TestAllowCIDRsNeverFailsOpen(t *testing.T) {
+	t.Parallel()
 	for _, v := range []string{",", " ", " , ", ",,,"} {
 		_, err := parseOptions([]string{"--allow-cidrs", v}, noEnv)
 		if err == nil || !strings.HasPrefix(err.Error(), "--allow-cidrs:") || strings.Contains(err.Error(), "\n") {
@@ -68,7 +83,7 @@ func TestAllowCIDRsNeverFailsOpen(t *testing.T) {
 		}
 	}
 	var stderr bytes.Buffer
-	if code := run(context.Background(), []string{"--allow-cidrs", ","}, noEnv, io.Discard, &stderr, func(string, string) { t.Fatal("must not listen") }); code == 0 {
+	if code := run(context.Background(), []string{"--allow-cidrs", ","}, noEnv, io.Discard, &stderr, mustNotListen(t)); code == 0 {
 		t.Fatal("--allow-cidrs , must exit non-zero")
 	}
 	o, err := parseOptions([]string{"--allow-cidrs", "10.0.0.0/8, ,127.0.0.1"}, noEnv)
@@ -82,6 +97,7 @@ func TestAllowCIDRsNeverFailsOpen(t *testing.T) {
 
 // TestFallbackFlag: off (the default) and backfill; anything else names the flag.
 func TestFallbackFlag(t *testing.T) {
+	t.Parallel()
 	if o, err := parseOptions([]string{"--fallback", "off"}, noEnv); err != nil || o.fallback {
 		t.Fatal(err)
 	}
@@ -98,6 +114,7 @@ func TestFallbackFlag(t *testing.T) {
 // TestMergeFlag: a merged section leaves the default --preserve list; naming it in both
 // explicitly, by flag or environment, is an error naming --merge.
 func TestMergeFlag(t *testing.T) {
+	t.Parallel()
 	o, err := parseOptions([]string{"--merge", "secrets,global_rules"}, noEnv)
 	if err != nil || slices.Contains(o.preserve, "secrets") || !slices.Contains(o.preserve, "plugins") || len(o.merge) != 2 {
 		t.Fatalf("preserve %v merge %v: %v", o.preserve, o.merge, err)
@@ -115,6 +132,7 @@ func TestMergeFlag(t *testing.T) {
 // (a misspelt --merge secretz would merge nothing while secrets stays preserved), with
 // one line naming the flag and listing the known sections; empty elements are said once.
 func TestSectionListsAreStrict(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		args []string
 		want string // the one line
@@ -131,7 +149,7 @@ func TestSectionListsAreStrict(t *testing.T) {
 		}
 	}
 	var stderr bytes.Buffer
-	if code := run(context.Background(), []string{"--merge", "secretz"}, noEnv, io.Discard, &stderr, func(string, string) { t.Fatal("must not listen") }); code != 2 {
+	if code := run(context.Background(), []string{"--merge", "secretz"}, noEnv, io.Discard, &stderr, mustNotListen(t)); code != 2 {
 		t.Fatalf("--merge secretz exited %d, want 2 (%s)", code, stderr.String())
 	}
 	if o, err := parseOptions([]string{"--merge", " secrets , global_rules,secrets"}, noEnv); err != nil || !slices.Equal(o.merge, []string{"secrets", "global_rules"}) {
@@ -140,6 +158,7 @@ func TestSectionListsAreStrict(t *testing.T) {
 }
 
 func TestEnvironmentOverlay(t *testing.T) {
+	t.Parallel()
 	env := map[string]string{"CONFSHIM_PRESERVE": "secrets", "CONFSHIM_MAX_BODY_BYTES": "1234", "CONFSHIM_UPSTREAM_TIMEOUT": "3s", "CONFSHIM_UPSTREAM_INSECURE_SKIP_VERIFY": "true"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	o, err := parseOptions([]string{"--max-body-bytes", "99"}, lookup)
@@ -168,21 +187,22 @@ type addrs struct {
 }
 
 // start runs confshim in front of upstream.
-func start(t *testing.T, upstream string) (addrs, func() int) {
+func start(t *testing.T, upstream string, h hooks) (addrs, func() int) {
 	t.Helper()
-	return launch(t, []string{"--upstream", upstream, "--upstream-timeout", "2s", "--shutdown-timeout", "5s"})
+	return launch(t, []string{"--upstream", upstream, "--upstream-timeout", "2s", "--shutdown-timeout", "5s"}, h)
 }
 
-// launch runs confshim on loopback ports with args and returns its addresses and a
-// stop func (cancel, then the exit code).
-func launch(t *testing.T, args []string) (addrs, func() int) {
+// launch runs confshim on loopback ports with args and h (its ready set here) and
+// returns its addresses and a stop func (cancel, then the exit code).
+func launch(t *testing.T, args []string, h hooks) (addrs, func() int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan addrs, 1)
 	done := make(chan int, 1)
 	args = append([]string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, args...)
 	go func() {
-		done <- run(ctx, args, noEnv, io.Discard, io.Discard, func(p, m string) { ready <- addrs{p, m} })
+		h.ready = func(p, m string) { ready <- addrs{p, m} }
+		done <- run(ctx, args, noEnv, io.Discard, io.Discard, h)
 	}()
 	select {
 	case a := <-ready:
@@ -207,10 +227,11 @@ func get(t *testing.T, url string) int {
 }
 
 func TestHealthAndReadiness(t *testing.T) {
-	defer func(w time.Duration) { readyWindow = w }(readyWindow)
-	readyWindow = 100 * time.Millisecond // how long one answer keeps confshim ready
+	t.Parallel()
+	h := defaultHooks()
+	h.readyWindow = 100 * time.Millisecond // how long one answer keeps confshim ready
 	dp := apisixtest.Start(t, apisixtest.Options{})
-	a, stop := start(t, dp.URL)
+	a, stop := start(t, dp.URL, h)
 	defer stop()
 	if get(t, "http://"+a.metrics+"/healthz") != 200 || get(t, "http://"+a.metrics+"/readyz") != 200 {
 		t.Fatal("healthy and ready with the data plane up")
@@ -231,21 +252,23 @@ func TestHealthAndReadiness(t *testing.T) {
 }
 
 func TestUpstreamPasswordIsNeverPrinted(t *testing.T) {
+	t.Parallel()
 	var stderr strings.Builder
 	ctx, cancel := context.WithCancel(context.Background())
 	code := run(ctx, []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--upstream", "http://admin:hunter2@127.0.0.1:1"},
-		noEnv, io.Discard, &stderr, func(string, string) { cancel() })
+		noEnv, io.Discard, &stderr, withReady(func(string, string) { cancel() }))
 	if code != 0 || !strings.Contains(stderr.String(), "confshim started") || strings.Contains(stderr.String(), "hunter2") {
 		t.Fatalf("exit %d; the start line must redact the password:\n%s", code, stderr.String())
 	}
 	stderr.Reset()
-	code = run(context.Background(), []string{"--upstream", "http://admin:hunter2@[::1"}, noEnv, io.Discard, &stderr, nil)
+	code = run(context.Background(), []string{"--upstream", "http://admin:hunter2@[::1"}, noEnv, io.Discard, &stderr, defaultHooks())
 	if code == 0 || strings.Contains(stderr.String(), "hunter2") || !strings.Contains(stderr.String(), "--upstream") {
 		t.Fatalf("exit %d; a bad --upstream is reported without its password: %s", code, stderr.String())
 	}
 }
 
 func TestShutdownDrainsInFlightRequests(t *testing.T) {
+	t.Parallel()
 	gate := make(chan struct{})
 	var once sync.Once
 	entered := make(chan struct{})
@@ -258,7 +281,7 @@ func TestShutdownDrainsInFlightRequests(t *testing.T) {
 			em.ServeHTTP(w, r)
 		})
 	}})
-	a, stop := start(t, dp.URL)
+	a, stop := start(t, dp.URL, defaultHooks())
 	status := make(chan int, 1)
 	go func() {
 		resp, err := http.Get("http://" + a.proxy + "/apisix/admin/configs")
@@ -286,6 +309,7 @@ func TestShutdownDrainsInFlightRequests(t *testing.T) {
 // TestUsageBlocksMatchHelp keeps the README's and the operations guide's command-line
 // sections equal to --help: one source for the flag table.
 func TestUsageBlocksMatchHelp(t *testing.T) {
+	t.Parallel()
 	for _, path := range []string{"../../README.md", "../../docs/operations.md"} {
 		doc, err := os.ReadFile(path)
 		if err != nil {

@@ -16,28 +16,32 @@ import (
 
 	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 	"github.com/confshim/confshim/internal/testsupport/testcerts"
+	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
-// startArgs runs confshim in front of a fresh emulator, with extra flags.
-func startArgs(t *testing.T, extra ...string) (addrs, func() int) {
+// startArgs runs confshim in front of a fresh emulator, with h and extra flags.
+func startArgs(t *testing.T, h hooks, extra ...string) (addrs, func() int) {
 	t.Helper()
 	dp := apisixtest.Start(t, apisixtest.Options{})
-	return launch(t, append([]string{"--upstream", dp.URL}, extra...))
+	return launch(t, append([]string{"--upstream", dp.URL}, extra...), h)
 }
 
-// startTLS runs confshim serving HTTPS with a pair issued for cn, in dir.
-func startTLS(t *testing.T, ca *testcerts.CA, dir, cn string) (addrs, func() int) {
+// startTLS runs confshim with h serving HTTPS with a pair issued for cn, in dir.
+func startTLS(t *testing.T, h hooks, ca *testcerts.CA, dir, cn string) (addrs, func() int) {
 	t.Helper()
 	pair := ca.Issue(t, cn)
 	certFile := testcerts.Write(t, dir, "tls.crt", pair.CertPEM)
 	keyFile := testcerts.Write(t, dir, "tls.key", pair.KeyPEM)
-	return startArgs(t, "--tls-cert-file", certFile, "--tls-key-file", keyFile)
+	return startArgs(t, h, "--tls-cert-file", certFile, "--tls-key-file", keyFile)
 }
 
 func TestServesHTTPSAndReloadsTheCertificate(t *testing.T) {
+	t.Parallel()
 	ca := testcerts.NewCA(t, "test-ca")
 	dir := t.TempDir()
-	a, stop := startTLS(t, ca, dir, "first")
+	h := defaultHooks()
+	h.certCheckInterval = 10 * time.Millisecond // the interval is TestCertificateFilesAreCheckedOncePerInterval's
+	a, stop := startTLS(t, h, ca, dir, "first")
 	defer stop()
 
 	served := func() string { return servedCN(t, ca, a.proxy) }
@@ -48,17 +52,12 @@ func TestServesHTTPSAndReloadsTheCertificate(t *testing.T) {
 	second := ca.Issue(t, "second")
 	testcerts.Write(t, dir, "tls.key", second.KeyPEM)
 	testcerts.Write(t, dir, "tls.crt", second.CertPEM)
-	deadline := time.Now().Add(5 * time.Second)
-	for served() != "second" {
-		if time.Now().After(deadline) {
-			t.Fatal("the rotated certificate was never served")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	wait.For(t, "the rotated certificate to be served", func() bool { return served() == "second" })
 }
 
 func TestHeaderSizeIsCapped(t *testing.T) {
-	a, stop := startArgs(t)
+	t.Parallel()
+	a, stop := startArgs(t, defaultHooks())
 	defer stop()
 	req, _ := http.NewRequest("GET", "http://"+a.proxy+"/apisix/admin/configs", nil)
 	req.Header.Set("X-Big", strings.Repeat("a", 200<<10))
@@ -73,21 +72,23 @@ func TestHeaderSizeIsCapped(t *testing.T) {
 }
 
 func TestBadTLSFilesAreReportedBeforeListening(t *testing.T) {
+	t.Parallel()
 	var stderr strings.Builder
 	code := run(context.Background(), []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
 		"--tls-cert-file", "/nonexistent.crt", "--tls-key-file", "/nonexistent.key"}, noEnv, io.Discard, &stderr,
-		func(string, string) { t.Fatal("must not listen") })
+		mustNotListen(t))
 	if code == 0 || !strings.HasPrefix(stderr.String(), "--tls-cert-file") {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 }
 
 func TestABrokenRotationKeepsThePreviousCertificate(t *testing.T) {
-	defer func(i time.Duration) { certCheckInterval = i }(certCheckInterval)
-	certCheckInterval = 0
+	t.Parallel()
+	h := defaultHooks()
+	h.certCheckInterval = 0
 	ca := testcerts.NewCA(t, "test-ca")
 	dir := t.TempDir()
-	a, stop := startTLS(t, ca, dir, "good")
+	a, stop := startTLS(t, h, ca, dir, "good")
 	defer stop()
 	testcerts.Write(t, dir, "tls.crt", []byte("not a certificate"))
 	// the handshake below checks the files (interval 0) and finds the broken pair
@@ -115,6 +116,7 @@ func servedCN(t *testing.T, ca *testcerts.CA, addr string) string {
 // TestABrokenRotationIsLoggedOnce: a pair that cannot be loaded is said once, not at
 // every handshake, until the files change again.
 func TestABrokenRotationIsLoggedOnce(t *testing.T) {
+	t.Parallel()
 	ca := testcerts.NewCA(t, "test-ca")
 	dir := t.TempDir()
 	pair := ca.Issue(t, "good")
@@ -227,6 +229,7 @@ func servedName(t *testing.T, r *certReloader) string {
 // within one interval stat the files not at all; the first handshake after it checks
 // them (two stats), and a rotation is served from that check on.
 func TestCertificateFilesAreCheckedOncePerInterval(t *testing.T) {
+	t.Parallel()
 	ca := testcerts.NewCA(t, "test-ca")
 	dir := t.TempDir()
 	r, clock, certFile := newReloaderOnClock(t, ca, dir, "first")
@@ -259,6 +262,7 @@ func TestCertificateFilesAreCheckedOncePerInterval(t *testing.T) {
 // TestAHandshakeNeverWaitsForACheck: while one handshake looks at the files (its stat
 // does not return), another is served the pair in hand at once.
 func TestAHandshakeNeverWaitsForACheck(t *testing.T) {
+	t.Parallel()
 	ca := testcerts.NewCA(t, "test-ca")
 	r, clock, _ := newReloaderOnClock(t, ca, t.TempDir(), "first")
 	clock.mu.Lock()

@@ -49,6 +49,7 @@ func storeConfig(t *testing.T, c *Client, body string) *Answer {
 // TestProbeByVersion: the probe is the cheapest call each version offers — an empty
 // validate (3.15+), HEAD (3.14), GET (3.13) — and a wrong key is a RefusedError.
 func TestProbeByVersion(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ version, want string }{{"3.17.0", "POST /apisix/admin/configs/validate"}, {"3.14.1", "HEAD /apisix/admin/configs"}, {"3.13.0", "GET /apisix/admin/configs"}} {
 		t.Run(tc.version, func(t *testing.T) {
 			var seen []string
@@ -81,6 +82,7 @@ func TestProbeByVersion(t *testing.T) {
 }
 
 func TestReadsAndWrites(t *testing.T) {
+	t.Parallel()
 	c, srv := clientFor(t, "3.17.0", nil)
 	ctx := context.Background()
 	creds := keyed(testKey)
@@ -141,6 +143,7 @@ func TestReadsAndWrites(t *testing.T) {
 // cap, rejections come back with the section's own indexes, and an item alone over the
 // cap counts as rejected.
 func TestValidateSectionUnderTheCap(t *testing.T) {
+	t.Parallel()
 	var calls int
 	c, _ := clientFor(t, "3.17.0", func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -176,6 +179,7 @@ func TestValidateSectionUnderTheCap(t *testing.T) {
 }
 
 func TestIntermediarySigns(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		h    http.Header
 		want string

@@ -10,6 +10,7 @@ import (
 // TestMessages reads APISIX's own messages (the captures in testdata/apisix-wire, the
 // spec's §2 and §4.1.3).
 func TestMessages(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name                           string
 		body                           string
@@ -52,6 +53,7 @@ func TestMessages(t *testing.T) {
 // TestIsDictFull: only APISIX's plain-text 500 of a document larger than the
 // standalone-config dict (spec §2 step 8) counts, not another 500.
 func TestIsDictFull(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		status int
 		body   string

@@ -70,6 +70,7 @@ func TestDecideConnectionRefusesWhileAnAnswerIsOpen(t *testing.T) {
 // TestReadAnswerFreesTheConnection: after readAnswer the next request finds the
 // connection free although it may not dial (NoRedial): the sequence of a fallback.
 func TestReadAnswerFreesTheConnection(t *testing.T) {
+	t.Parallel()
 	srv := chunkedAnswers(t)
 	c := &Client{tr: newTransports(http.DefaultTransport.(*http.Transport).Clone())}
 	for i := 0; i < 3; i++ {

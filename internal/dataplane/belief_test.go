@@ -63,6 +63,7 @@ func newBelief(t *testing.T) *Tx {
 }
 
 func TestAfterA202TheWriteIsBelievedAndTrusted(t *testing.T) {
+	t.Parallel()
 	b := newBelief(t)
 	b.Read(readState(t, stored), "d0", "100", false, 1)
 	res, prepared := decided(t, b, `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/b"}],"secrets_conf_version":0}`)
@@ -95,6 +96,7 @@ func TestAfterA202TheWriteIsBelievedAndTrusted(t *testing.T) {
 }
 
 func TestA204ChangesTheRecordOnlyForTheNoOpPut(t *testing.T) {
+	t.Parallel()
 	b := newBelief(t)
 	b.Read(readState(t, stored), "d0", "100", false, 1)
 	record := b.View().Record
@@ -113,6 +115,7 @@ func TestA204ChangesTheRecordOnlyForTheNoOpPut(t *testing.T) {
 }
 
 func TestARejectionEndsTheTrustAndKeepsTheState(t *testing.T) {
+	t.Parallel()
 	b := newBelief(t)
 	b.Read(readState(t, stored), "d0", "100", false, 1)
 	res, prepared := decided(t, b, `{"routes_conf_version":5,"routes":[{"id":"r1","plugins":{"nope":{}}}],"secrets_conf_version":0}`)
@@ -127,6 +130,7 @@ func TestARejectionEndsTheTrustAndKeepsTheState(t *testing.T) {
 }
 
 func TestAnUntouchedBodyThatLandedForgetsEverything(t *testing.T) {
+	t.Parallel()
 	b := newBelief(t)
 	b.Read(readState(t, stored), "d0", "100", false, 1)
 	b.Answered(Outcome{Status: 202, Digest: "x", LastModified: "101"})
@@ -140,6 +144,7 @@ func TestAnUntouchedBodyThatLandedForgetsEverything(t *testing.T) {
 }
 
 func TestABackfillForgetsTheCorrectedSections(t *testing.T) {
+	t.Parallel()
 	b := newBelief(t)
 	b.Read(readState(t, stored), "d0", "100", false, 1)
 	res, prepared := decided(t, b, `{"routes_conf_version":5,"routes":[{"id":"r1","uri":"/b"}],"secrets_conf_version":0}`)
@@ -174,6 +179,7 @@ func mustPrepare(t *testing.T, body string) *rewrite.Prepared {
 }
 
 func TestAReseedIsBelievedAsTheKeptConfiguration(t *testing.T) {
+	t.Parallel()
 	b := newBelief(t)
 	k := keptFromState(readState(t, stored), "d0", "100", nil)
 	b.Read(readState(t, `{"routes_conf_version":0,"secrets_conf_version":0}`), "", "", false, 2) // restarted empty
@@ -190,6 +196,7 @@ func TestAReseedIsBelievedAsTheKeptConfiguration(t *testing.T) {
 }
 
 func TestAnOutOfBandWriteIsLearntOnce(t *testing.T) {
+	t.Parallel()
 	b := newBelief(t)
 	b.Read(readState(t, stored), "d0", "100", false, 1)
 	oob := `{"routes_conf_version":3,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":2,"secrets":[{"id":"vault/2","uri":"http://v"}]}`
@@ -218,6 +225,7 @@ func TestAnOutOfBandWriteIsLearntOnce(t *testing.T) {
 }
 
 func TestTheLockIsOneAtATime(t *testing.T) {
+	t.Parallel()
 	b, _ := New(Options{})
 	tx, ok := b.TryLock()
 	if _, again := b.TryLock(); !ok || again {
@@ -241,6 +249,7 @@ func TestTheLockIsOneAtATime(t *testing.T) {
 // through confshim with other metadata than the kept configuration's asks the watch to
 // read it back, one with the kept metadata does not.
 func TestAReadKeepsTheKeptConfigurationCurrent(t *testing.T) {
+	t.Parallel()
 	tx := newBelief(t)
 	tx.Read(readState(t, stored), "d0", "100", false, 1)
 	if k := tx.View().Kept; k == nil || k.Digest != "d0" || k.LastModified != "100" || k.Versions["secrets"] != 1 {
@@ -264,6 +273,7 @@ func TestAReadKeepsTheKeptConfigurationCurrent(t *testing.T) {
 
 // Issue 37: a Tx cannot be used once its lock is given back.
 func TestATxIsDoneOnceUnlocked(t *testing.T) {
+	t.Parallel()
 	b, _ := New(Options{})
 	tx, _ := b.Lock(context.Background())
 	tx.Unlock()

@@ -15,6 +15,7 @@ import (
 // TestHostileStateFiles: the state file is input like any other (issue 18). Whatever
 // is at its path, confshim starts at once, reports it and ignores it.
 func TestHostileStateFiles(t *testing.T) {
+	t.Parallel()
 	valid := `{"digest":"d","last_modified":"1","versions":{"routes":3},"items":{"routes":[{"id":"r1"}]}}`
 	for _, tc := range []struct {
 		name  string
@@ -95,6 +96,7 @@ func write(content string) func(t *testing.T, path string) {
 // TestStateFileDigestNeverAHeader: a digest with a line break is dropped (the re-seed
 // uses its own), the rest of the file is used.
 func TestStateFileDigestNeverAHeader(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write(`{"digest":"a\r\nX-Evil: 1","last_modified":"1","versions":{"routes":1}}`)(t, filepath.Join(dir, stateFileName))
 	k, err := readStateFile(dir, 1<<20)
@@ -110,6 +112,7 @@ func TestStateFileDigestNeverAHeader(t *testing.T) {
 // TestStateFileFlushedOnShutdown: the writer may be busy when the last accepted
 // configuration is handed to it; when the background stops, that one is on disk.
 func TestStateFileFlushedOnShutdown(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	b, err := New(Options{Keep: true, StateDir: dir, MaxFileBytes: 1 << 20})
 	if err != nil {
@@ -138,6 +141,7 @@ func TestStateFileFlushedOnShutdown(t *testing.T) {
 // TestReseedBodyIsJSON: section names from a state file are written by a JSON encoder
 // (Go's quoting of a control character is not JSON).
 func TestReseedBodyIsJSON(t *testing.T) {
+	t.Parallel()
 	k := &Kept{Versions: map[string]float64{"ro\x7futes": 2, "routes": 1.5}, Items: map[string]json.RawMessage{"routes": json.RawMessage(`[{"id":"r1"}]`)}}
 	body, err := k.Body()
 	if err != nil {
@@ -156,6 +160,7 @@ func TestReseedBodyIsJSON(t *testing.T) {
 // (cjson); the re-seed built from it sends that section's version alone, never {}:
 // APISIX after 3.18 refuses a section that is not an array (spec §13).
 func TestKeptNeverSendsAnEmptySectionAsAnObject(t *testing.T) {
+	t.Parallel()
 	st, err := rewrite.ParseState([]byte(`{"routes_conf_version":3,"routes":{},"upstreams_conf_version":2,"upstreams":[],"secrets_conf_version":1,"secrets":[{"id":"vault/1","uri":"http://v","prefix":"kv","token":"t"}]}`))
 	if err != nil {
 		t.Fatal(err)

@@ -204,6 +204,7 @@ func (d *driven) store(t *testing.T, body string) {
 // the configuration as often as its cost allows (lookInterval), never more often than
 // each tick and at least once per safety interval, and pings at every tick.
 func TestWatchLooksFollowTheirCost(t *testing.T) {
+	t.Parallel()
 	const interval, idleTicks = 10 * time.Millisecond, 150
 	for _, tc := range []struct {
 		name               string
@@ -238,6 +239,7 @@ func TestWatchLooksFollowTheirCost(t *testing.T) {
 // TestWatchReseedsAnEmptyDataPlane: the watch finds the data plane empty after a
 // restart (its ping had to open a new connection) and PUTs the kept configuration back.
 func TestWatchReseedsAnEmptyDataPlane(t *testing.T) {
+	t.Parallel()
 	d := drive(t, 10*time.Millisecond, time.Hour, each(0))
 	d.store(t, `{"routes_conf_version":3,"routes":[{"id":"r1","uri":"/a"}],"secrets_conf_version":2,"secrets":[{"id":"vault/1","uri":"http://v","prefix":"kv","token":"t"}]}`)
 	d.tick(10*time.Millisecond, 2) // looks, reads the configuration back (kept)
@@ -258,6 +260,7 @@ func TestWatchReseedsAnEmptyDataPlane(t *testing.T) {
 // TestWatchLearnsAnOutOfBandWrite: a write behind confshim is read back at the next
 // look and reported as moves of the sections it changed.
 func TestWatchLearnsAnOutOfBandWrite(t *testing.T) {
+	t.Parallel()
 	d := drive(t, 10*time.Millisecond, time.Hour, each(0))
 	d.store(t, `{"routes_conf_version":3,"routes":[{"id":"r1","uri":"/a"}]}`)
 	d.tick(10*time.Millisecond, 2)

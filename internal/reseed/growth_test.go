@@ -142,6 +142,7 @@ func TestWatchKeepsItsBudgetAfterGrowth(t *testing.T) {
 // second restart is re-seeded within 3 s of the watch's clock (the contract model's
 // window), as on a small gateway before the slow answer.
 func TestOneSlowAnswerDoesNotHideAStateOnlyRestart(t *testing.T) {
+	t.Parallel()
 	const interval = time.Second
 	for _, slow := range []time.Duration{30 * time.Millisecond, 300 * time.Millisecond, 5 * time.Second} {
 		t.Run(slow.String(), func(t *testing.T) {
@@ -175,6 +176,7 @@ func TestOneSlowAnswerDoesNotHideAStateOnlyRestart(t *testing.T) {
 // and a configuration that shrank takes the latency learnt on the larger one down with
 // it.
 func TestLookCostIsJudgedBeforeTheLook(t *testing.T) {
+	t.Parallel()
 	b, _ := dataplane.New(dataplane.Options{Keep: true})
 	w := New(Config{Interval: time.Second, Belief: b})
 	keep := func(n int) {

@@ -11,6 +11,7 @@ import (
 // a minute), bounded by --reseed-interval below and the minute above (contract §8.4);
 // the costs are spec §11's decode times.
 func TestLookIntervalFollowsTheCost(t *testing.T) {
+	t.Parallel()
 	w := New(Config{Interval: time.Second})
 	for _, tc := range []struct {
 		name string
@@ -35,6 +36,7 @@ func TestLookIntervalFollowsTheCost(t *testing.T) {
 // ceil(minute / interval) of them into any minute; for every cost the budget can hold
 // at all (a look of up to 0.3 s), they cost at most 0.5 % of it.
 func TestLookIntervalKeepsEveryMinuteInBudget(t *testing.T) {
+	t.Parallel()
 	w := New(Config{Interval: time.Second})
 	for cost := 100 * time.Microsecond; cost <= 300*time.Millisecond; cost += 100 * time.Microsecond {
 		iv := w.lookInterval(cost)

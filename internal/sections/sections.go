@@ -3,7 +3,8 @@
 // which other items refer to its items (§8.5), how its items are identified. Everything
 // else derives from it — the sections confshim knows, the metrics' section labels, the
 // order-free sections, the reference fields — so a section APISIX grows is one entry
-// here. It imports nothing.
+// here. The table is a value: code that decides takes one (APISIX's by default), and a
+// test builds its own instead of changing APISIX's. It imports nothing.
 package sections
 
 // Section is one resource section.
@@ -21,8 +22,14 @@ type Section struct {
 	ByUsername bool
 }
 
-// Table is APISIX's resource sections, in apisix/constants.lua's order.
-var Table = []Section{
+// Table is a list of resource sections.
+type Table []Section
+
+// APISIX is APISIX's resource sections, in apisix/constants.lua's order. Appending to
+// it makes a new table; APISIX's own is not changed.
+func APISIX() Table { return apisix[:len(apisix):len(apisix)] }
+
+var apisix = Table{
 	{Name: "routes"},
 	{Name: "services", OrderFree: true, ReferencedBy: "service_id"},
 	{Name: "upstreams", OrderFree: true, ReferencedBy: "upstream_id"},
@@ -38,19 +45,19 @@ var Table = []Section{
 	{Name: "plugins"},
 }
 
-// Names are the known sections' names, in the table's order.
-func Names() []string {
-	out := make([]string, len(Table))
-	for i, s := range Table {
+// Names are the table's sections' names, in its order.
+func (t Table) Names() []string {
+	out := make([]string, len(t))
+	for i, s := range t {
 		out[i] = s.Name
 	}
 	return out
 }
 
-// Lookup is the known section name (false for one confshim does not know: it is
+// Lookup is the section name in the table (false for one it does not hold: it is
 // handled as order-bound, referenced by nothing, identified by id).
-func Lookup(name string) (Section, bool) {
-	for _, s := range Table {
+func (t Table) Lookup(name string) (Section, bool) {
+	for _, s := range t {
 		if s.Name == name {
 			return s, true
 		}
@@ -58,9 +65,9 @@ func Lookup(name string) (Section, bool) {
 	return Section{}, false
 }
 
-// Known reports whether name is a known section.
-func Known(name string) bool {
-	_, ok := Lookup(name)
+// Known reports whether name is in the table.
+func (t Table) Known(name string) bool {
+	_, ok := t.Lookup(name)
 	return ok
 }
 
@@ -68,9 +75,9 @@ func Known(name string) bool {
 type Reference struct{ Field, Section string }
 
 // References are the fields by which items refer to other sections' items.
-func References() []Reference {
+func (t Table) References() []Reference {
 	var out []Reference
-	for _, s := range Table {
+	for _, s := range t {
 		if s.ReferencedBy != "" {
 			out = append(out, Reference{Field: s.ReferencedBy, Section: s.Name})
 		}

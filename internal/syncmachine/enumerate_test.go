@@ -28,6 +28,7 @@ import (
 //
 // ENUMERATE_FAULTS raises the bound (make enumerate).
 func TestEveryAnswerSequence(t *testing.T) {
+	t.Parallel()
 	maxFaults := 2
 	if raceBuild {
 		maxFaults = 1 // the race detector costs five times as much; make test runs the set of 2 without it

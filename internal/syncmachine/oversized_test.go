@@ -14,6 +14,7 @@ import (
 // what it held then, or nothing; a changed configuration, another configuration on the
 // data plane, or the minute passed sends it; a PUT that lands forgets it.
 func TestTooBigNotSentAgain(t *testing.T) {
+	t.Parallel()
 	sc := scenarios()[1]
 	w := newWorld(sc, flags{fallback: true, reject: true})
 	for _, d := range sc.before {

@@ -10,7 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
+
+	"github.com/confshim/confshim/internal/testsupport/wait"
 )
 
 // syncBuffer is the emulator's log, written by its goroutines and read by the test.
@@ -47,16 +48,17 @@ func start(t *testing.T, args ...string) (string, *syncBuffer, func()) {
 			t.Errorf("run: %v", err)
 		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if m := startLine.FindStringSubmatch(logs.String()); m != nil {
-			return m[1], logs, stop
+	var m []string
+	wait.For(t, "the emulator to log its address", func() bool {
+		select {
+		case err := <-errc:
+			t.Fatalf("the emulator ended before it logged its address: %v: %q", err, logs.String())
+		default:
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	stop()
-	t.Fatalf("the emulator never logged its address: %q", logs.String())
-	return "", nil, nil
+		m = startLine.FindStringSubmatch(logs.String())
+		return m != nil
+	})
+	return m[1], logs, stop
 }
 
 func ping(t *testing.T, url string) {

@@ -102,9 +102,12 @@ func New030(server, key string) *Client {
 	return c
 }
 
-// New returns a cold client.
+// New returns a cold client. It has a transport of its own: every httptest.Server's
+// Close closes http.DefaultTransport's idle connections, and a request that had just
+// taken one fails ("CloseIdleConnections called") when another test ends beside it.
 func New(server, key string) *Client {
-	return &Client{Server: server, Key: key, HTTP: &http.Client{Timeout: 10 * time.Second}}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	return &Client{Server: server, Key: key, HTTP: &http.Client{Timeout: 10 * time.Second, Transport: tr}}
 }
 
 // Invalidate drops the cache, as bypassCache or TTL expiry do.

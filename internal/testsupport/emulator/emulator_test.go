@@ -97,6 +97,7 @@ const config1 = `{"routes":[{"id":"r1","uri":"/r1","upstream":{"nodes":{"127.0.0
 
 // TestSpecNormalFlow walks the spec's §7 items 1–15 that concern the Admin API wire.
 func TestSpecNormalFlow(t *testing.T) {
+	t.Parallel()
 	em := newEm(t, "3.17.0")
 
 	t.Run("1 fresh GET has zero versions and no metadata headers", func(t *testing.T) {
@@ -207,6 +208,7 @@ func mustJSON(v any) string {
 
 // TestSpecErrors covers the spec's §7 items 16–23 and 38–44, per version where the text differs.
 func TestSpecErrors(t *testing.T) {
+	t.Parallel()
 	uri123 := `{"routes":[{"id":"r1","uri":123}]}`
 	badPlugin := `{"services":[{"id":"s1","name":"s1","plugins":{"invalid-plugin":{}}}]}`
 	chash := `{"routes":[{"id":"r1","uri":"/r1","upstream":{"type":"chash","hash_on":"vars","key":"args_invalid","nodes":{"127.0.0.1:1980":1}}}]}`
@@ -265,6 +267,7 @@ func TestSpecErrors(t *testing.T) {
 }
 
 func TestAuthentication(t *testing.T) {
+	t.Parallel()
 	em := newEm(t, "3.17.0")
 	missing := `{"description":"missing apikey","error_msg":"failed to check token"}` + "\n"
 	wrong := `{"description":"wrong apikey","error_msg":"failed to check token"}` + "\n"
@@ -309,6 +312,7 @@ func TestAuthentication(t *testing.T) {
 }
 
 func TestRouting(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name, version, method, path string
 		status                      int
@@ -341,6 +345,7 @@ func TestRouting(t *testing.T) {
 }
 
 func TestVersionRules(t *testing.T) {
+	t.Parallel()
 	t.Run("40 equal version keeps the stored items", func(t *testing.T) {
 		em := newEm(t, "3.17.0")
 		expect(t, put(`{"routes_conf_version":1060,"routes":[{"id":"r1","uri":"/r1","upstream_id":"u1"}],"upstreams_conf_version":1060,"upstreams":[{"id":"u1","type":"roundrobin","nodes":{"127.0.0.1:1980":1}}]}`, "a").do(t, em), 202, "")
@@ -447,6 +452,7 @@ func TestVersionRules(t *testing.T) {
 }
 
 func TestGetIsNotAnEcho(t *testing.T) {
+	t.Parallel()
 	em := newEm(t, "3.17.0")
 	expect(t, put(`{"routes":[{"uri":"/a/b","methods":[],"id":"r1","vars":[]}]}`, "a").do(t, em), 202, "")
 	body := readAll(t, get.do(t, em))
@@ -461,6 +467,7 @@ func TestGetIsNotAnEcho(t *testing.T) {
 }
 
 func TestFillDefaults(t *testing.T) {
+	t.Parallel()
 	em, _ := New(Options{FillDefaults: true})
 	expect(t, put(`{"routes":[{"id":"r1","uri":"/a"}],"upstreams":[{"id":"u1","type":"roundrobin","nodes":{"a:1":1}}]}`, "a").do(t, em), 202, "")
 	doc, _ := getDoc(t, em)
@@ -472,6 +479,7 @@ func TestFillDefaults(t *testing.T) {
 }
 
 func TestReloadsRestartAndLastPut(t *testing.T) {
+	t.Parallel()
 	em := newEm(t, "3.17.0")
 	expect(t, put(`{"routes_conf_version":5,"upstreams_conf_version":5}`, "a").do(t, em), 202, "")
 	expect(t, put(`{"routes_conf_version":6,"upstreams_conf_version":5}`, "b").do(t, em), 202, "")
@@ -493,6 +501,7 @@ func TestReloadsRestartAndLastPut(t *testing.T) {
 const credentialSet = `{"consumers":[{"username":"john_1"},{"id":"john_1/credentials/john-a","plugins":{"key-auth":{"key":"auth-a"}}},{"id":"john_1/credentials/john-b","plugins":{"key-auth":{"key":"auth-b"}}}]}`
 
 func TestValidateEndpoint(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name, version string
 		req           call
@@ -544,6 +553,7 @@ func TestValidateEndpoint(t *testing.T) {
 
 // TestYAML11Semantics: the body as lyaml reads it (contract §5.6, APISIX spec §10).
 func TestYAML11Semantics(t *testing.T) {
+	t.Parallel()
 	v, err := decodeYAML([]byte("a: yes\nb: off\nc: 0755\nd: 'yes'\ne: y\nf: n\ng: 0o17\nh: 1:30\ni: 1e3\nj: 0x1F\nk: 1_000\nl: ~\n---\nsecond: 1\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -579,6 +589,7 @@ func TestYAML11Semantics(t *testing.T) {
 
 // TestStateDependentChecks: §4.1.3, checks against what the data plane has applied.
 func TestStateDependentChecks(t *testing.T) {
+	t.Parallel()
 	globalA := `{"global_rules":[{"id":"a","plugins":{"prometheus":{}}}]}`
 	cases := []struct {
 		name, version, seed, req string
@@ -607,6 +618,7 @@ func TestStateDependentChecks(t *testing.T) {
 // TestReloadsFollowTheStoredVersion: APISIX keeps 14 significant digits, so a version
 // that rounds to the stored one changes nothing a worker can see (no reload).
 func TestReloadsFollowTheStoredVersion(t *testing.T) {
+	t.Parallel()
 	em := newEm(t, "3.17.0")
 	expect(t, put(`{"routes_conf_version":123456789012340,"routes":[{"id":"r1","uri":"/a"}]}`, "a").do(t, em), 202, "")
 	before := em.Reloads()["routes"]
@@ -625,6 +637,7 @@ func TestReloadsFollowTheStoredVersion(t *testing.T) {
 
 // TestCosts: what a PUT makes APISIX do (validation is version-gated, §2.1).
 func TestCosts(t *testing.T) {
+	t.Parallel()
 	body := `{"routes_conf_version":1,"routes":[{"id":"r1","uri":"/a"},{"id":"r2","uri":"/b"}],"upstreams_conf_version":1,"upstreams":[{"id":"u1","type":"roundrobin","nodes":{"127.0.0.1:80":1}}]}`
 	again := `{"routes_conf_version":2,"routes":[{"id":"r1","uri":"/a"},{"id":"r2","uri":"/b"}],"upstreams_conf_version":1,"upstreams":[{"id":"u1","type":"roundrobin","nodes":{"127.0.0.1:80":1}}]}`
 	for _, tc := range []struct {
@@ -652,6 +665,7 @@ func TestCosts(t *testing.T) {
 
 // TestCredentialSpellings: the key as APISIX 3.17 reads it (spec §10).
 func TestCredentialSpellings(t *testing.T) {
+	t.Parallel()
 	em := newEm(t, "3.17.0")
 	for _, tc := range []struct {
 		name   string
@@ -683,6 +697,7 @@ func TestCredentialSpellings(t *testing.T) {
 // TestDecodeCounts: every GET, HEAD and PUT of /configs decodes the stored document
 // (once something is stored); HEAD /apisix/admin and validate never do (spec §11).
 func TestDecodeCounts(t *testing.T) {
+	t.Parallel()
 	em := newEm(t, "3.17.0")
 	head := call{method: "HEAD", path: "/apisix/admin/configs"}
 	ping := call{method: "HEAD", path: "/apisix/admin"}
@@ -716,6 +731,7 @@ func TestDecodeCounts(t *testing.T) {
 // unchanged digest stays 204; a section that is not an array or an item that is not an
 // object is refused and nothing changes.
 func TestAfter318WaitAndShape(t *testing.T) {
+	t.Parallel()
 	waitPut := func(body, digest, wait string) call {
 		c := put(body, digest)
 		c.path += "?wait=" + wait
@@ -755,6 +771,7 @@ func TestAfter318WaitAndShape(t *testing.T) {
 // entry it replaced was freed before the allocation failed), so GET shows an empty data
 // plane (spec §2 step 9, §11; lua-nginx-module's shdict store).
 func TestDictSize(t *testing.T) {
+	t.Parallel()
 	em, err := New(Options{Version: "3.17.0", AdminKey: key, DictSize: 2048, Now: func() time.Time { return time.Unix(1764441600, 0) }})
 	if err != nil {
 		t.Fatal(err)

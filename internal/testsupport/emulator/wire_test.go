@@ -155,6 +155,7 @@ func sameBody(want, got []byte) bool {
 // and holds every answer against the real one: status line, the header set (Date and
 // X-Last-Modified vary), the framing (chunked, Content-Length or none) and the body.
 func TestWireMatchesRealAPISIX(t *testing.T) {
+	t.Parallel()
 	for _, version := range []string{"3.17.0", "3.18.0"} {
 		t.Run(version, func(t *testing.T) {
 			em, err := New(Options{Version: version, AdminKey: "wire-key"})

@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -30,7 +31,7 @@ type Pair struct {
 	CertPEM, KeyPEM []byte
 }
 
-var serial int64
+var serial atomic.Int64 // the certificates' serial numbers: tests issue them in parallel
 
 // NewCA makes a CA named name.
 func NewCA(t testing.TB, name string) *CA {
@@ -75,8 +76,7 @@ func sign(t testing.TB, tmpl, parent *x509.Certificate, parentKey *ecdsa.Private
 	if err != nil {
 		t.Fatal(err)
 	}
-	serial++
-	tmpl.SerialNumber = big.NewInt(serial)
+	tmpl.SerialNumber = big.NewInt(serial.Add(1))
 	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
 	if parent == nil {
 		parent, parentKey = tmpl, key
