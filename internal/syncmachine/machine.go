@@ -55,6 +55,7 @@ type Belief interface {
 	Forget()
 	Answered(o dataplane.Outcome) []rewrite.MergeReport
 	Oversized(o dataplane.Oversized)
+	AskRefresh()
 }
 
 // Input is one client's PUT, as received and scanned before the lock.

@@ -23,6 +23,7 @@ func (s *Sync) tooBig(sent Outgoing) Action {
 		o.Content, o.Known = s.cfg.Rewriter.ContentSum(s.in.Prepared), true
 	}
 	s.tx.Oversized(o)
+	s.tx.AskRefresh() // APISIX's dict lost what it held: the watch looks, and puts it back, at once
 	return s.fail(Failure{Kind: FailTooBig, Oversized: &o, RetryAt: o.At.Add(OversizedPatience)})
 }
 
