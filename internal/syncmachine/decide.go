@@ -347,6 +347,12 @@ func (s *Sync) send() Action {
 		s.putBuffer()
 		return s.end(nil)
 	}
+	if !s.second.deciding && s.conflicted && s.rejection != nil && !s.affords("the PUT decided again after the data plane moved") {
+		// the fallback's work started with APISIX's first answer: past the budget the
+		// client gets that (§8.5), not a whole PUT more
+		s.putBuffer()
+		return s.end(nil)
+	}
 	if o := s.refusedAgain(); o != nil {
 		if !s.round.proven {
 			// not sent only on a state shown current: an unread belief would miss a

@@ -45,10 +45,11 @@ const (
 	workersSlow        // ?wait: the workers did not apply within it (202, not 200)
 	deadlineOut        // a pause the PUT's deadline ends
 	dictFull           // APISIX validated the PUT but its standalone-config dict is too small
+	slowConflict       // the operator writes first, and the PUT takes until past the budget
 )
 
 func (a answer) String() string {
-	return [...]string{"natural", "write-before", "fail", "lost-after", "timed-out", "restarted", "budget-out", "workers-slow", "deadline-out", "dict-full"}[a]
+	return [...]string{"natural", "write-before", "fail", "lost-after", "timed-out", "restarted", "budget-out", "workers-slow", "deadline-out", "dict-full", "slow-conflict"}[a]
 }
 
 // alphabet is every answer an action may get in the enumeration.
@@ -61,7 +62,7 @@ func (w *world) alphabet(act syncmachine.Action) []answer {
 	case syncmachine.Validate:
 		return []answer{natural, writeBefore, fail, budgetOut}
 	case syncmachine.Put:
-		out := []answer{natural, writeBefore, fail, lostAfter, timedOut, restarted, budgetOut, dictFull}
+		out := []answer{natural, writeBefore, fail, lostAfter, timedOut, restarted, budgetOut, dictFull, slowConflict}
 		if w.sc.wait {
 			out = append(out, workersSlow)
 		}
@@ -143,6 +144,10 @@ type world struct {
 	fault   string // a check the world makes while it runs
 
 	dictTooSmall bool // every PUT of a sync is answered dictFull (the configuration does not fit)
+	// the sync under test's arrival, and whether it did fallback work (a validate call):
+	// then no PUT may leave past its 10 s budget (§8.5)
+	syncStart    time.Time
+	fallbackSeen bool
 	puts         int  // PUTs that reached APISIX in syncs (each costs it a decode of the body)
 }
 
@@ -260,6 +265,7 @@ func (w *world) run(d doc, enumerated bool) (*syncmachine.Final, error) {
 		return nil, err
 	}
 	start := w.clock
+	w.syncStart, w.fallbackSeen = start, false
 	m, act := syncmachine.Start(w.cfg, syncmachine.Input{Client: in, Prepared: prepared, Start: start, Deadline: start.Add(time.Minute)}, tx, w.event())
 	for steps := 0; ; steps++ {
 		m.Notes()
@@ -279,6 +285,9 @@ func (w *world) run(d doc, enumerated bool) (*syncmachine.Final, error) {
 			w.given = append(w.given, a)
 		}
 		phase := m.Phase()
+		if _, v := act.(syncmachine.Validate); v {
+			w.fallbackSeen = true
+		}
 		ev := w.perform(tx, act, a, in)
 		got := ""
 		switch {
@@ -311,6 +320,9 @@ func describe(act syncmachine.Action) string {
 func (w *world) perform(tx *dataplane.Tx, act syncmachine.Action, a answer, in rewrite.Input) syncmachine.Event {
 	ctx := context.Background()
 	w.tick(5 * time.Millisecond)
+	if _, isPut := act.(syncmachine.Put); isPut && w.f.fallback && w.fallbackSeen && w.clock.After(w.syncStart.Add(w.cfg.Budget)) {
+		w.fault = fmt.Sprintf("a PUT was sent %s after the sync's arrival, past the %s budget of a sync with fallback work", w.clock.Sub(w.syncStart), w.cfg.Budget)
+	}
 	if a == writeBefore {
 		w.operatorWrite()
 	}
@@ -375,6 +387,11 @@ func (w *world) put(act syncmachine.Put, a answer, in rewrite.Input) syncmachine
 		}
 	}
 	w.lookedSincePut = false
+	if a == slowConflict {
+		w.operatorWrite()
+		w.tick(w.cfg.Budget + time.Second)
+		a = natural
+	}
 	if w.dictTooSmall && a == natural {
 		a = dictFull
 	}
