@@ -35,17 +35,17 @@ import (
 type answer int
 
 const (
-	natural     answer = iota
-	writeBefore        // the operator writes straight to the data plane first
-	fail               // no usable answer (a closed connection, no verdict)
-	lostAfter          // a PUT APISIX applied, whose answer the connection lost
-	timedOut           // a PUT APISIX applied, answered after the deadline
-	restarted          // the data plane restarts (empty) with the PUT in its socket
-	budgetOut          // the action takes until past the fallback's budget
-	workersSlow        // ?wait: the workers did not apply within it (202, not 200)
-	deadlineOut        // a pause the PUT's deadline ends
-	dictFull           // APISIX validated the PUT but its standalone-config dict is too small
-	slowConflict       // the operator writes first, and the PUT takes until past the budget
+	natural      answer = iota
+	writeBefore         // the operator writes straight to the data plane first
+	fail                // no usable answer (a closed connection, no verdict)
+	lostAfter           // a PUT APISIX applied, whose answer the connection lost
+	timedOut            // a PUT APISIX applied, answered after the deadline
+	restarted           // the data plane restarts (empty) with the PUT in its socket
+	budgetOut           // the action takes until past the fallback's budget
+	workersSlow         // ?wait: the workers did not apply within it (202, not 200)
+	deadlineOut         // a pause the PUT's deadline ends
+	dictFull            // APISIX validated the PUT but its standalone-config dict is too small
+	slowConflict        // the operator writes first, and the PUT takes until past the budget
 )
 
 func (a answer) String() string {
@@ -148,7 +148,7 @@ type world struct {
 	// then no PUT may leave past its 10 s budget (§8.5)
 	syncStart    time.Time
 	fallbackSeen bool
-	puts         int  // PUTs that reached APISIX in syncs (each costs it a decode of the body)
+	puts         int // PUTs that reached APISIX in syncs (each costs it a decode of the body)
 }
 
 func newWorld(sc scenario, f flags) *world {
