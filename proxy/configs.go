@@ -121,7 +121,7 @@ func (pr *putRequest) authorize() bool {
 		s.asItCame(pr.w, r)
 		return false
 	case err != nil:
-		s.stateReadFailed(pr.w, r, err)
+		s.stateReadFailed(pr.w, r, err, false)
 		return false
 	}
 	return true
@@ -268,7 +268,7 @@ func (pr *putRequest) failed(f *syncmachine.Failure) {
 	case f.Kind == syncmachine.FailTooBig:
 		s.tooBig(w, f, time.Now())
 	default:
-		s.stateReadFailed(w, r, f.Err)
+		s.stateReadFailed(w, r, f.Err, f.Applied)
 	}
 }
 

@@ -70,17 +70,23 @@ func (rp replies) upstreamFailed(w http.ResponseWriter, r *http.Request, err err
 }
 
 // stateReadFailed answers a PUT whose data plane state could not be read: nothing was
-// forwarded. An answer APISIX gave but confshim cannot use is a 502; no answer at all
-// is classified like any upstream failure (502, or 504 on a timeout).
-func (rp replies) stateReadFailed(w http.ResponseWriter, r *http.Request, err error) {
+// forwarded on that state (applied: an earlier PUT of the same sync was accepted before
+// the data plane moved under it). An answer APISIX gave but confshim cannot use is a
+// 502; no answer at all is classified like any upstream failure (502, or 504 on a
+// timeout).
+func (rp replies) stateReadFailed(w http.ResponseWriter, r *http.Request, err error, applied bool) {
+	outcome := "nothing was forwarded"
+	if applied {
+		outcome = "an earlier PUT of this sync was applied, then the data plane moved; nothing more was forwarded"
+	}
 	var status apisix.StatusError
 	var bad badStateError
 	if errors.As(err, &status) || errors.As(err, &bad) {
 		rp.m.UpstreamError(metrics.OtherError)
-		writeError(w, http.StatusBadGateway, "cannot read the data plane's state: "+err.Error()+"; nothing was forwarded")
+		writeError(w, http.StatusBadGateway, "cannot read the data plane's state: "+err.Error()+"; "+outcome)
 		return
 	}
-	rp.upstreamFailed(w, r, err, "read the data plane's state before the PUT; nothing was forwarded")
+	rp.upstreamFailed(w, r, err, "read the data plane's state before the PUT; "+outcome)
 }
 
 // refuse answers a body confshim must not forward (contract §6): 400, nothing forwarded.

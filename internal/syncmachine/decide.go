@@ -120,7 +120,7 @@ func (s *Sync) stateFailed(err error) Action {
 		s.round.untouched = metrics.UntouchedRefused
 		return s.send()
 	}
-	return s.fail(Failure{Kind: FailStateRead, Err: err})
+	return s.fail(Failure{Kind: FailStateRead, Err: err, Applied: len(s.touched) > 0})
 }
 
 // steadyWork is the steady state being worked out: the client's body split once, the

@@ -47,6 +47,9 @@ type Failure struct {
 	Kind FailureKind
 	Err  error
 	What string // FailUpstream: what got no answer
+	// Applied: FailStateRead after a PUT of this sync was accepted (the data plane moved
+	// under it, and the state to decide again on could not be read)
+	Applied bool
 	// FailTooBig: the configuration APISIX could not store, whether this sync sent it
 	// (Repeat false) or it was refused at Oversized.At and not sent again before RetryAt
 	Oversized *dataplane.Oversized

@@ -146,9 +146,10 @@ type world struct {
 	dictTooSmall bool // every PUT of a sync is answered dictFull (the configuration does not fit)
 	// the sync under test's arrival, and whether it did fallback work (a validate call):
 	// then no PUT may leave past its 10 s budget (§8.5)
-	syncStart    time.Time
-	fallbackSeen bool
-	puts         int // PUTs that reached APISIX in syncs (each costs it a decode of the body)
+	syncStart      time.Time
+	fallbackSeen   bool
+	acceptedInSync bool // APISIX accepted a PUT of the sync under test (its answer arrived)
+	puts           int  // PUTs that reached APISIX in syncs (each costs it a decode of the body)
 }
 
 func newWorld(sc scenario, f flags) *world {
@@ -265,7 +266,7 @@ func (w *world) run(d doc, enumerated bool) (*syncmachine.Final, error) {
 		return nil, err
 	}
 	start := w.clock
-	w.syncStart, w.fallbackSeen = start, false
+	w.syncStart, w.fallbackSeen, w.acceptedInSync = start, false, false
 	m, act := syncmachine.Start(w.cfg, syncmachine.Input{Client: in, Prepared: prepared, Start: start, Deadline: start.Add(time.Minute)}, tx, w.event())
 	for steps := 0; ; steps++ {
 		m.Notes()
@@ -438,6 +439,7 @@ func (w *world) put(act syncmachine.Put, a answer, in rewrite.Input) syncmachine
 	}
 	if ans.Status/100 == 2 {
 		w.seenInSync, w.kept = w.ops, w.ops // the answer to its own write shows the state it made
+		w.acceptedInSync = true
 	}
 	return ev
 }
@@ -562,6 +564,9 @@ func (w *world) check(d doc, f *syncmachine.Final) string {
 		return w.fault
 	}
 	if f.Failure != nil {
+		if f.Failure.Kind == syncmachine.FailStateRead && f.Failure.Applied != w.acceptedInSync {
+			return fmt.Sprintf("a state read failed; the answer says an earlier PUT was applied: %v, APISIX accepted one: %v", f.Failure.Applied, w.acceptedInSync)
+		}
 		return w.checkOperator()
 	}
 	ans, actions := f.Reply()
