@@ -29,6 +29,7 @@ func TestCheapIdenticalSyncsAreNoOps(t *testing.T) {
 	t.Parallel()
 	for _, o := range profiles {
 		t.Run(profileName(o), func(t *testing.T) {
+			t.Parallel()
 			for _, through := range []bool{false, true} {
 				s := newStack(t, o)
 				c := restamping(s.client(through))

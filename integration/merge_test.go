@@ -183,6 +183,7 @@ func TestMergeKeepsTheOperatorsItemInEveryTrust(t *testing.T) {
 		for _, trust := range []proxy.TrustMode{proxy.TrustAuto, proxy.TrustAlways, proxy.TrustNever} {
 			for _, learnt := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s/%s/watch-learnt=%v", section, trust, learnt), func(t *testing.T) {
+					t.Parallel()
 					s := newStack(t, stackOptions{merge: []string{section}, trust: trust, reseed: 20 * time.Millisecond, safety: watchSafety, adminKey: adminKey})
 					c := s.client(true)
 					cfg := config("v1")
