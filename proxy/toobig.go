@@ -26,11 +26,11 @@ func (rp replies) tooBig(w http.ResponseWriter, f *syncmachine.Failure, now time
 		o.Bytes, mebibytes(o.Bytes), dictSetting)
 	if f.Repeat {
 		by = metrics.TooBigByConfshim
-		wait := max(f.RetryAt.Sub(now), time.Second).Round(time.Second)
+		wait := max(f.RetryAt().Sub(now), time.Second).Round(time.Second)
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)))
 		msg += fmt.Sprintf("; APISIX refused this configuration (the same content, whatever its versions) at %s and the data plane holds what it held then, or nothing, "+
 			"so it was not sent again: it is sent from %s on, or at once when it changes or another configuration lands on the data plane",
-			o.At.UTC().Format(time.RFC3339), f.RetryAt.UTC().Format(time.RFC3339))
+			o.At.UTC().Format(time.RFC3339), f.RetryAt().UTC().Format(time.RFC3339))
 	}
 	rp.m.ConfigTooBig.WithLabelValues(string(by)).Inc()
 	rp.m.ConfigTooBigBytes.Set(float64(o.Bytes))

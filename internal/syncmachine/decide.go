@@ -343,26 +343,20 @@ func (s *Sync) putBuffer() {
 // send forwards the decided PUT: a decided body on the connection its state was read on
 // or not at all; one that goes as it came on the shared connection.
 func (s *Sync) send() Action {
-	if s.second.deciding && !s.affords("the second PUT") {
+	if what := s.budgetedPut(); what != "" && !s.affords(what) {
 		s.putBuffer()
 		return s.end(nil)
 	}
-	if !s.second.deciding && s.conflicted && s.rejection != nil && !s.affords("the PUT decided again after the data plane moved") {
-		// the fallback's work started with APISIX's first answer: past the budget the
-		// client gets that (§8.5), not a whole PUT more
-		s.putBuffer()
-		return s.end(nil)
-	}
-	if o := s.refusedAgain(); o != nil {
+	v := s.tx.View()
+	if o := s.refusedAgain(v); o != nil {
 		if !s.round.proven {
 			// not sent only on a state shown current: an unread belief would miss a
 			// write that lets it go
 			return s.to(phaseProve, Head{})
 		}
 		s.putBuffer()
-		return s.fail(Failure{Kind: FailTooBig, Oversized: o, Repeat: true, RetryAt: o.At.Add(OversizedPatience)})
+		return s.fail(Failure{Kind: FailTooBig, Oversized: o, Repeat: true})
 	}
-	v := s.tx.View()
 	out := outgoing(s.body.in, s.round.res, v.Digest)
 	if len(s.body.held) > 0 && s.body.in.HasDigest && !out.SetDigest {
 		out.Digest, out.SetDigest = s.body.in.Digest, true // the corrected body is not the client's
@@ -376,6 +370,20 @@ func (s *Sync) send() Action {
 		}
 	}
 	return s.to(phasePut, put)
+}
+
+// budgetedPut names the PUT about to be sent when it must fit in the fallback's budget
+// (§8.5; "": it need not): the second step's, or one decided again after the data plane
+// moved under the fallback's work, which began with APISIX's first answer — past the
+// budget the client gets the last complete answer, not a whole PUT more.
+func (s *Sync) budgetedPut() string {
+	switch {
+	case s.second.deciding:
+		return "the second PUT"
+	case s.conflicted && s.rejection != nil:
+		return "the PUT decided again after the data plane moved"
+	}
+	return ""
 }
 
 // outgoing is what to forward: the body's bytes, or the rewritten ones.

@@ -51,11 +51,13 @@ type Failure struct {
 	// under it, and the state to decide again on could not be read)
 	Applied bool
 	// FailTooBig: the configuration APISIX could not store, whether this sync sent it
-	// (Repeat false) or it was refused at Oversized.At and not sent again before RetryAt
+	// (Repeat false) or it was refused at Oversized.At and not sent again (before RetryAt)
 	Oversized *dataplane.Oversized
 	Repeat    bool
-	RetryAt   time.Time
 }
+
+// RetryAt is when a configuration APISIX refused for its size is sent again unchanged.
+func (f *Failure) RetryAt() time.Time { return f.Oversized.At.Add(OversizedPatience) }
 
 // FailureKind says which of confshim's own answers a failure gets (contract §6).
 type FailureKind int

@@ -24,7 +24,7 @@ func (s *Sync) tooBig(sent Outgoing) Action {
 	}
 	s.tx.Oversized(o)
 	s.tx.AskRefresh() // APISIX's dict lost what it held: the watch looks, and puts it back, at once
-	return s.fail(Failure{Kind: FailTooBig, Oversized: &o, RetryAt: o.At.Add(OversizedPatience)})
+	return s.fail(Failure{Kind: FailTooBig, Oversized: &o})
 }
 
 // refusedAgain is the refusal this sync would meet again (nil: send it): APISIX refused
@@ -33,20 +33,20 @@ func (s *Sync) tooBig(sent Outgoing) Action {
 // the same, so a restart with a larger dict is tried at the latest a minute after the
 // refusal). "The same" is the content (rewrite.ContentSum), not the bytes: ADC stamps
 // fresh versions and modifiedIndex on every try.
-func (s *Sync) refusedAgain() *dataplane.Oversized {
-	v := s.tx.View()
+func (s *Sync) refusedAgain(v dataplane.View) *dataplane.Oversized {
 	if len(v.Oversized) == 0 || s.in.Prepared == nil || v.State == nil || s.round.res == nil || s.round.untouched != "" {
 		return nil
 	}
 	holds := v.Holds()
 	var sum uint64
+	summed := false
 	for i := len(v.Oversized) - 1; i >= 0; i-- {
 		o := v.Oversized[i]
 		if !o.Known || !s.now.Before(o.At.Add(OversizedPatience)) || (holds != "" && holds != o.Holds) {
 			continue
 		}
-		if sum == 0 {
-			sum = s.cfg.Rewriter.ContentSum(s.in.Prepared)
+		if !summed {
+			sum, summed = s.cfg.Rewriter.ContentSum(s.in.Prepared), true
 		}
 		if sum == o.Content {
 			return &o

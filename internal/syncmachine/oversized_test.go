@@ -45,8 +45,8 @@ func TestTooBigNotSentAgain(t *testing.T) {
 			t.Fatalf("%s: sent %v (want %v), repeat %v (want %v)", name, sent, wantSent, f.Failure.Repeat, wantRepeat)
 		}
 		o := f.Failure.Oversized
-		if o == nil || o.Bytes < 100 || !f.Failure.RetryAt.Equal(o.At.Add(syncmachine.OversizedPatience)) {
-			t.Fatalf("%s: oversized %+v, retry at %v", name, o, f.Failure.RetryAt)
+		if o == nil || o.Bytes < 100 || !f.Failure.RetryAt().Equal(o.At.Add(syncmachine.OversizedPatience)) {
+			t.Fatalf("%s: oversized %+v, retry at %v", name, o, f.Failure.RetryAt())
 		}
 	}
 	step("the first try", base, true, false)
