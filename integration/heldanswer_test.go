@@ -231,15 +231,11 @@ func TestAFallbackThatFailsSafeClaimsNoBackfill(t *testing.T) {
 // client's version for its changed merged section is the data plane's plus one — the
 // very number an operator's read-modify-write PUT picks. The operator's write lands
 // between confshim's read and its PUT: APISIX sees an equal version and keeps the
-// operator's copy, and the client's change is dropped under a 2xx (§5.1: a client's
-// change is never dropped; §8.5: a 2xx only when every item is on the data plane as
-// sent). Losing the operator's racing write would be §5.4's documented window; losing
-// the client's is not. Not fixed: avoiding vS+1 for a section sent unproven changes §5.1's
-// version rules (see the issue 44 report). CONFSHIM_KNOWN_BUGS=1 runs it.
+// operator's copy. §5.1 forwards vR > vS as is, so confshim reads the section back after
+// APISIX accepted such a PUT, finds the writer's copy, and decides the sync again on that
+// read: the client's change bumped above it, the operator's item kept by the merge.
 func TestAClientChangeAtVSPlusOneMeetsAnOperatorsPlusOne(t *testing.T) {
-	if os.Getenv("CONFSHIM_KNOWN_BUGS") == "" {
-		t.Skip("known: a change sent at the data plane's version plus one loses to a racing +1 write; CONFSHIM_KNOWN_BUGS=1 runs it")
-	}
+	t.Parallel()
 	var hook onNthPut
 	s := newStack(t, stackOptions{merge: []string{"secrets"}, trust: proxy.TrustNever, wrap: hook.wrap})
 	c := s.client(true)
@@ -263,7 +259,68 @@ func TestAClientChangeAtVSPlusOneMeetsAnOperatorsPlusOne(t *testing.T) {
 	})
 	res := sync1(t, c, withSecret("b"))
 	mustLand(t, res)
-	if got := s.items(t, "secrets"); !strings.Contains(got, `"token":"b"`) {
+	got := s.items(t, "secrets")
+	if !strings.Contains(got, `"token":"b"`) {
 		t.Fatalf("answered %d, but the client's vault/ctrl is not on the data plane as sent: %s", res.Status, got)
+	}
+	if !strings.Contains(got, `"vault/1"`) {
+		t.Fatalf("the operator's vault/1, written before the sync's PUT, is gone: %s", got)
+	}
+	if v := s.em.SectionVersion("secrets"); v <= float64(clock) {
+		t.Fatalf("secrets at %v: the change must go above the operator's %d", v, clock)
+	}
+	if n := counter(s.metrics.ConflictRetries); n != 1 {
+		t.Fatalf("confshim_conflict_retries_total %v, want 1 (the sync decided again once)", n)
+	}
+}
+
+// TestAWritersEqualVersionTwiceAnswers409: with every version above confshim's clock
+// (another writer's clock ran ahead), a bump is vS+1 too, so the sync decided again
+// after its change lost to an operator's +1 can lose to the next one. Decided again
+// once already, confshim answers 409 naming the section: the rest of the sync applied,
+// the client's change not, nothing claimed. The client's next sync lands it.
+func TestAWritersEqualVersionTwiceAnswers409(t *testing.T) {
+	t.Parallel()
+	var hook onNthPut
+	s := newStack(t, stackOptions{merge: []string{"secrets"}, trust: proxy.TrustNever, wrap: hook.wrap})
+	c := s.client(true)
+	clock := int64(9_000_000_000_000) // year 2255: above any clock confshim reads
+	c.Clock = func() int64 { return clock }
+	withSecret := func(token, route string) adcclient.Config {
+		cfg := config(route)
+		cfg["secrets"] = []map[string]any{secretItem("vault/ctrl", token)}
+		return cfg
+	}
+	mustLand(t, sync1(t, c, withSecret("a", "v1")))
+	opWrite := func(n int) func() {
+		return func() {
+			s.oobPut(t, func(doc map[string]any) {
+				doc["secrets_conf_version"] = doc["secrets_conf_version"].(float64) + 1
+				doc["secrets"] = append(doc["secrets"].([]any), secretItem(fmt.Sprintf("vault/op%d", n), "op"))
+			})
+		}
+	}
+	hook.arm(1, func() { // before the decided PUT, and again before the one decided anew
+		opWrite(1)()
+		hook.arm(1, opWrite(2))
+	})
+	clock++
+	res := sync1(t, c, withSecret("b", "v2"))
+	if res.Status != http.StatusConflict || !strings.Contains(string(res.Body), "secrets") || !strings.Contains(string(res.Body), "to the very version this sync sent") {
+		t.Fatalf("answered %d %s, want 409 naming secrets", res.Status, res.Body)
+	}
+	got := s.items(t, "secrets")
+	if strings.Contains(got, `"token":"b"`) || !strings.Contains(got, "vault/op2") {
+		t.Fatalf("secrets %s: want the operator's copy, without the client's change", got)
+	}
+	mustContain(t, s.items(t, "routes"), `"/v2"`) // the rest of the sync applied
+	if n := counter(s.metrics.ConflictRetries); n != 1 {
+		t.Fatalf("confshim_conflict_retries_total %v, want 1", n)
+	}
+	clock += 10
+	mustLand(t, sync1(t, c, withSecret("b", "v2")))
+	got = s.items(t, "secrets")
+	if !strings.Contains(got, `"token":"b"`) || !strings.Contains(got, "vault/op1") || !strings.Contains(got, "vault/op2") {
+		t.Fatalf("secrets %s after the next sync: want the client's change and both operator items", got)
 	}
 }

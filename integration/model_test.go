@@ -608,7 +608,15 @@ func (k *modelRun) fail(format string, a ...any) {
 		tr = tr[len(tr)-40:]
 	}
 	k.t.Fatalf("%s seed %d step %d (replay: MODEL_SEED=%d MODEL_FLAGS='%s' go test -run TestContractModel ./integration/): %s\ntrace (last %d):\n  %s\nconfshim log tail:\n%s",
-		k.flags, k.seed, k.steps, k.seed, k.flags, fmt.Sprintf(format, a...), len(tr), strings.Join(tr, "\n  "), tail(k.s.logs.String(), 25))
+		k.flags, k.seed, k.steps, k.seed, k.flags, fmt.Sprintf(format, a...), len(tr), strings.Join(tr, "\n  "), tail(k.s.logs.String(), logTail()))
+}
+
+// logTail is how many of confshim's log lines a failure shows (MODEL_LOG_TAIL, else 25).
+func logTail() int {
+	if v, err := strconv.Atoi(os.Getenv("MODEL_LOG_TAIL")); err == nil && v > 0 {
+		return v
+	}
+	return 25
 }
 
 func (k *modelRun) note(format string, a ...any) {

@@ -267,6 +267,8 @@ func (pr *putRequest) failed(f *syncmachine.Failure) {
 		s.upstreamFailed(w, r, f.Err, f.What)
 	case f.Kind == syncmachine.FailTooBig:
 		s.tooBig(w, f, time.Now())
+	case f.Kind == syncmachine.FailTieLost:
+		s.tieLost(w, f.Ties)
 	default:
 		s.stateReadFailed(w, r, f.Err, f.Applied)
 	}

@@ -252,6 +252,19 @@ func (t *Tx) Read(st *rewrite.State, digest, lastModified string, noHead bool, c
 	return moved
 }
 
+// TieLost: a read after an accepted PUT (Read first) shows sections the PUT sent at the
+// data plane's version plus one holding a writer's copy at that very version — APISIX
+// took the equal version as "keep what you hold". The record no longer vouches for the
+// client's copy there, and the kept configuration is what was read (st nil: no read).
+func (t *Tx) TieLost(sections []string, st *rewrite.State, digest, lastModified string) {
+	b := t.b
+	defer b.publish()
+	b.record = b.record.Without(sections)
+	if st != nil && b.keep && st.ItemsKnown && lastModified != "" {
+		b.setKept(keptFromState(st, digest, lastModified, b.owned))
+	}
+}
+
 // keptDescribes: the kept configuration is the data plane's state of that metadata.
 func (b *Belief) keptDescribes(digest, lastModified string) bool {
 	return b.kept != nil && b.kept.Digest == digest && b.kept.LastModified == lastModified

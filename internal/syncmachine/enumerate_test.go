@@ -36,7 +36,7 @@ func TestEveryAnswerSequence(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("ENUMERATE_FAULTS")); err == nil {
 		maxFaults = v
 	}
-	var total atomic.Int64
+	var total, tiesLost atomic.Int64
 	start, combos := time.Now(), 0
 	t.Run("all", func(t *testing.T) {
 		for _, sc := range scenarios() {
@@ -44,13 +44,18 @@ func TestEveryAnswerSequence(t *testing.T) {
 				combos++
 				t.Run(sc.name+"/"+f.String(), func(t *testing.T) {
 					t.Parallel()
-					total.Add(int64(enumerate(t, sc, f, maxFaults)))
+					runs, ties := enumerate(t, sc, f, maxFaults)
+					total.Add(int64(runs))
+					tiesLost.Add(int64(ties))
 				})
 			}
 		}
 	})
-	t.Logf("%d answer sequences (at most %d faults each) over %d scenarios and %d flag combinations, in %s",
-		total.Load(), maxFaults, len(scenarios()), combos, time.Since(start).Round(time.Millisecond))
+	t.Logf("%d answer sequences (at most %d faults each) over %d scenarios and %d flag combinations, in %s; %d ended on a writer's equal version met twice",
+		total.Load(), maxFaults, len(scenarios()), combos, time.Since(start).Round(time.Millisecond), tiesLost.Load())
+	if maxFaults >= 2 && tiesLost.Load() == 0 && !t.Failed() {
+		t.Errorf("no sequence reached the answer to a writer's equal version met twice (FailTieLost): the enumeration lost a path")
+	}
 }
 
 // flagSets are the flag combinations a scenario runs with.
@@ -72,16 +77,16 @@ func flagSets(sc scenario) []flags {
 // enumerate runs every answer sequence of one scenario under f, depth first: each run
 // replays a prefix of chosen answers, then APISIX's own; every position past the
 // prefix branches into each other answer while faults are left. It returns how many
-// sequences ran.
-func enumerate(t *testing.T, sc scenario, f flags, maxFaults int) int {
+// sequences ran, and how many of them ended in FailTieLost.
+func enumerate(t *testing.T, sc scenario, f flags, maxFaults int) (runs, ties int) {
 	t.Helper()
 	stack := [][]answer{nil}
-	runs := 0
 	for len(stack) > 0 {
 		prefix := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
 		w := runOne(t, sc, f, prefix)
 		runs++
+		ties += w.tiesLost
 		faults := 0
 		for _, a := range prefix {
 			if a != natural {
@@ -98,7 +103,7 @@ func enumerate(t *testing.T, sc scenario, f flags, maxFaults int) int {
 			}
 		}
 	}
-	return runs
+	return runs, ties
 }
 
 // runOne runs the scenario's earlier syncs, then the sync under test with the answers
@@ -180,9 +185,14 @@ func next(d doc, v float64, sections map[string][]map[string]any) doc {
 	return out
 }
 
+// aheadVersion is a version far above the clock the enumeration runs on (2026).
+const aheadVersion = 9_000_000_000_000
+
 func scenarios() []scenario {
 	first := base([]map[string]any{route("r1", "/old", false), route("r2", "/two", false)}, []map[string]any{metricsRule("prometheus")})
 	renameFrom := base([]map[string]any{route("r1", "/old", false)}, []map[string]any{metricsRule("1")})
+	// versions above the clock (another writer's clock ran ahead): a bump is vS+1 too
+	ahead := next(first, aheadVersion, map[string][]map[string]any{"global_rules": first.sections["global_rules"]})
 	legacy := base([]map[string]any{route("r1", "/old", false), route("r-legacy", "/legacy", true)}, []map[string]any{metricsRule("1")})
 	return []scenario{
 		{name: "a changed route APISIX refuses", version: "3.17.0", before: []doc{first},
@@ -195,6 +205,13 @@ func scenarios() []scenario {
 			sync: next(renameFrom, 2000, map[string][]map[string]any{
 				"global_rules": {metricsRule("prometheus")},
 				"routes":       {route("r1", "/old", false), route("r-new", "/new", false)}})},
+		{name: "a merged rule changed at the data plane's version + 1, and a new route APISIX refuses", version: "3.17.0", tie: true, before: []doc{first},
+			sync: next(first, 1001, map[string][]map[string]any{
+				"global_rules": {metricsRule("prometheus"), {"id": "client-cors", "plugins": map[string]any{"cors": map[string]any{}}}},
+				"routes":       {route("r1", "/old", false), route("r2", "/two", false), route("r-bad", "/bad", true)}})},
+		{name: "a merged rule changed at the data plane's version + 1, the clock behind it", version: "3.17.0", tie: true, before: []doc{ahead},
+			sync: next(ahead, aheadVersion+1, map[string][]map[string]any{
+				"global_rules": {metricsRule("prometheus"), {"id": "client-cors", "plugins": map[string]any{"cors": map[string]any{}}}}})},
 		{name: "a held route, the rename and a new route under wait", version: "3.19.0", wait: true, heldBefore: true, before: []doc{legacy},
 			sync: next(legacy, 2000, map[string][]map[string]any{
 				"global_rules": {metricsRule("prometheus")},

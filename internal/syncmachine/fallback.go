@@ -115,7 +115,54 @@ func (s *Sync) accepted(ans *apisix.Answer, o dataplane.Outcome, sent Outgoing) 
 	}
 	s.applied = &appliedPut{answer: ans, res: o.Res, sent: sent, prepared: o.Prepared, held: o.Held}
 	s.second.deciding = false
-	waiting := dependsOnState(o.Held)
+	if ans.Status != http.StatusNoContent && o.Res.SentAtATie() {
+		return s.to(phaseTie, Read{})
+	}
+	return s.afterAccepted()
+}
+
+// tieRead: the data plane's state after a PUT that sent a changed section at vS+1. A
+// writer's read-modify-write of the same state picks that version too, and APISIX
+// keeps what it holds at an equal version: where the read shows the writer's copy
+// there, the client's change did not land, so the sync is decided again on this read
+// (once, as after a version conflict; §5.4), the change bumped above the writer's. A
+// read that fails leaves the 2xx unproven: the client is told the PUT was applied and
+// the state could not be read, and the record vouches no more for those sections.
+func (s *Sync) tieRead(ev Event) Action {
+	a := s.applied
+	if ev.Err != nil {
+		s.tx.TieLost(a.res.TiedSections(), nil, "", "")
+		return s.stateFailed(ev.Err)
+	}
+	s.recordRead(ev.Read)
+	lost, err := s.cfg.Rewriter.LostTies(a.res, a.sent.Body, ev.Read.State)
+	if err != nil || len(lost) == 0 {
+		return s.afterAccepted()
+	}
+	sections, moves := make([]string, len(lost)), make([]dataplane.Move, len(lost))
+	for i, c := range lost {
+		sections[i], moves[i] = c.Section, dataplane.Move{Section: c.Section, From: c.From, To: c.To}
+	}
+	s.tx.TieLost(sections, ev.Read.State, ev.Read.Digest, ev.Read.LastModified)
+	s.note(Note{Kind: NoteMoves, Moves: moves, How: learntByTie})
+	if s.conflicted {
+		return s.fail(Failure{Kind: FailTieLost, Ties: lost, Applied: true})
+	}
+	s.conflicted = true
+	s.note(Note{Kind: NoteConflictRetry})
+	if len(a.held) > 0 {
+		s.carried, s.holdAgain = a.held, true
+	}
+	s.applied, s.fb, s.second.deciding = nil, nil, false
+	s.round = round{fresh: true, state: ev.Read.State, proven: true}
+	return s.stateKnown()
+}
+
+// afterAccepted: the second step, when held items of the accepted PUT wait for what the
+// data plane holds; else the sync ends on it.
+func (s *Sync) afterAccepted() Action {
+	ans := s.applied.answer
+	waiting := dependsOnState(s.applied.held)
 	if !s.cfg.Fallback || s.second.taken || len(waiting) == 0 {
 		return s.end(nil)
 	}

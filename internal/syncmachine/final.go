@@ -54,6 +54,9 @@ type Failure struct {
 	// (Repeat false) or it was refused at Oversized.At and not sent again (before RetryAt)
 	Oversized *dataplane.Oversized
 	Repeat    bool
+	// FailTieLost: the sections a writer's copy kept at the version the sync sent, after
+	// it was decided again once already
+	Ties []rewrite.Change
 }
 
 // RetryAt is when a configuration APISIX refused for its size is sent again unchanged.
@@ -68,6 +71,7 @@ const (
 	FailStateRead                            // 502/504: the state could not be read; nothing forwarded
 	FailUpstream                             // 502/504: a PUT got no answer
 	FailTooBig                               // 500: APISIX cannot store a configuration this size
+	FailTieLost                              // 409: a writer's copy kept at the version sent, twice
 )
 
 // Accepted: the client's answer is drawn from a PUT APISIX accepted (the rest of a sync

@@ -53,6 +53,7 @@ type Belief interface {
 	Confirm(conn uint64)
 	Doubt()
 	Forget()
+	TieLost(sections []string, st *rewrite.State, digest, lastModified string)
 	Answered(o dataplane.Outcome) []rewrite.MergeReport
 	Oversized(o dataplane.Oversized)
 	AskRefresh()
@@ -184,6 +185,7 @@ const (
 const (
 	learntByConflict = "version_conflict" // APISIX refused a PUT decided on the old versions
 	learntByReread   = "re_read"          // the state read before a PUT found another digest
+	learntByTie      = "equal_version"    // a read after a PUT sent at vS+1 found a writer's copy at it
 )
 
 // errReseedPending: the data plane was found empty and the kept configuration could not
@@ -304,6 +306,8 @@ func (s *Sync) Step(ev Event) Action {
 		return s.putAnswered(ev)
 	case phaseReturn:
 		return s.decide(true)
+	case phaseTie:
+		return s.tieRead(ev)
 	case phaseFind:
 		return s.found(ev)
 	case phaseCopies:

@@ -59,7 +59,7 @@ func TestTooBigNotSentAgain(t *testing.T) {
 	step("that one again at once", restamped(changed, 8000), false, true)
 	w.tick(61 * time.Second)
 	step("the minute passed", restamped(changed, 9000), true, false)
-	w.operatorWrite()
+	w.operatorWrite(false)
 	w.tick(time.Second)
 	step("the data plane moved", restamped(changed, 10000), true, false)
 

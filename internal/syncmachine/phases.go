@@ -15,6 +15,7 @@ const (
 	phaseProveRead    Phase = "prove-read"    // GET: the state, to decide again on it
 	phasePut          Phase = "put"           // the decided PUT
 	phaseReturn       Phase = "return"        // the decide connection closed: wait for the data plane
+	phaseTie          Phase = "tie"           // GET: did a section sent at vS+1 land, or a writer's equal version?
 	phaseFind         Phase = "find"          // validate: which items APISIX rejects (a section a call)
 	phaseCopies       Phase = "copies"        // GET: the accepted copies for the backfill
 	phaseCheckCopies  Phase = "check-copies"  // validate: does APISIX take the accepted copies?

@@ -46,10 +46,11 @@ const (
 	deadlineOut         // a pause the PUT's deadline ends
 	dictFull            // APISIX validated the PUT but its standalone-config dict is too small
 	slowConflict        // the operator writes first, and the PUT takes until past the budget
+	tieBefore           // the operator's read-modify-write of its tracing rule alone (+1) lands first
 )
 
 func (a answer) String() string {
-	return [...]string{"natural", "write-before", "fail", "lost-after", "timed-out", "restarted", "budget-out", "workers-slow", "deadline-out", "dict-full", "slow-conflict"}[a]
+	return [...]string{"natural", "write-before", "fail", "lost-after", "timed-out", "restarted", "budget-out", "workers-slow", "deadline-out", "dict-full", "slow-conflict", "tie-before"}[a]
 }
 
 // alphabet is every answer an action may get in the enumeration.
@@ -66,6 +67,9 @@ func (w *world) alphabet(act syncmachine.Action) []answer {
 		if w.sc.wait {
 			out = append(out, workersSlow)
 		}
+		if w.sc.tie && w.f.merge {
+			out = append(out, tieBefore)
+		}
 		return out
 	case syncmachine.Pause:
 		return []answer{natural, deadlineOut}
@@ -80,8 +84,11 @@ type scenario struct {
 	wait    bool   // the client PUTs with ?wait (ADC 0.30 on APISIX ≥ 3.19)
 	// heldBefore: an earlier sync lands only with --fallback backfill
 	heldBefore bool
-	before     []doc // the client's syncs before the one under test (each landed)
-	sync       doc   // the sync under test
+	// tie: the sync changes a merged section at the data plane's version + 1, the version
+	// an operator's read-modify-write of it picks too (its PUTs may meet tieBefore)
+	tie    bool
+	before []doc // the client's syncs before the one under test (each landed)
+	sync   doc   // the sync under test
 }
 
 // flags are the confshim flags a world runs with.
@@ -135,7 +142,8 @@ type world struct {
 	// emptied before the machine read them (§8.4's limit)
 	ops, seenInSync, kept int
 	lossy, lost           map[int]bool
-	lookedSincePut        bool // a HEAD or GET answered since the sync's last PUT
+	ruleOnly              map[int]bool // writes that changed the tracing rule alone (tieBefore)
+	lookedSincePut        bool         // a HEAD or GET answered since the sync's last PUT
 
 	choices []answer // the answers to give, in order; natural after them
 	asked   [][]answer
@@ -150,10 +158,11 @@ type world struct {
 	fallbackSeen   bool
 	acceptedInSync bool // APISIX accepted a PUT of the sync under test (its answer arrived)
 	puts           int  // PUTs that reached APISIX in syncs (each costs it a decode of the body)
+	tiesLost       int  // syncs answered FailTieLost (a writer's equal version, twice)
 }
 
 func newWorld(sc scenario, f flags) *world {
-	w := &world{sc: sc, f: f, clock: time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC), connID: 1, seenInSync: -1, lossy: map[int]bool{}, lost: map[int]bool{}}
+	w := &world{sc: sc, f: f, clock: time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC), connID: 1, seenInSync: -1, lossy: map[int]bool{}, lost: map[int]bool{}, ruleOnly: map[int]bool{}}
 	em, err := emulator.New(emulator.Options{Version: sc.version, AppliedLag: time.Second, DecodeCost: -1,
 		Now: func() time.Time { return w.clock }, Sleep: func(d time.Duration) { w.clock = w.clock.Add(d) }})
 	if err != nil {
@@ -171,7 +180,7 @@ func newWorld(sc scenario, f flags) *world {
 	w.belief, _ = dataplane.New(dataplane.Options{Keep: true})
 	w.cfg = &syncmachine.Config{Rewriter: w.rw, Fallback: f.fallback, RejectHeld: f.reject, Budget: 10 * time.Second,
 		Reseeds: true, Buffers: &buffers{}, Layouts: &syncmachine.LayoutMemory{}}
-	w.operatorWrite() // the platform team's secret (and, merged, its tracing rule) before anything
+	w.operatorWrite(false) // the platform team's secret (and, merged, its tracing rule) before anything
 	return w
 }
 
@@ -197,8 +206,9 @@ func (w *world) tick(d time.Duration) { w.clock = w.clock.Add(d) }
 // operatorWrite is the operator's write straight on the data plane: its secret rotated,
 // and with --merge its tracing rule changed, each version raised by one, every other
 // section kept by its version (no items: APISIX keeps them). A write APISIX refuses (a
-// rule moved while the workers still apply the last PUT) did not happen.
-func (w *world) operatorWrite() {
+// rule moved while the workers still apply the last PUT) did not happen. ruleOnly: the
+// tracing rule alone, the secret left as it is (its version too).
+func (w *world) operatorWrite(ruleOnly bool) {
 	d := w.em.Document()
 	if d == nil {
 		d = map[string]any{}
@@ -221,13 +231,16 @@ func (w *world) operatorWrite() {
 		v, _ := d[section+"_conf_version"].(float64)
 		out[section+"_conf_version"] = v + 1
 	}
-	replace("secrets", operatorSecret(w.ops+1))
+	if !ruleOnly {
+		replace("secrets", operatorSecret(w.ops+1))
+	}
 	if w.f.merge {
 		replace("global_rules", operatorRule(w.ops+1))
 	}
 	body, _ := json.Marshal(out)
 	if rec := w.raw(http.MethodPut, "/apisix/admin/configs", body, fmt.Sprintf("operator-%d", w.ops+1)); rec.Code == http.StatusAccepted {
 		w.ops++
+		w.ruleOnly[w.ops] = ruleOnly
 	}
 }
 
@@ -324,8 +337,8 @@ func (w *world) perform(tx *dataplane.Tx, act syncmachine.Action, a answer, in r
 	if _, isPut := act.(syncmachine.Put); isPut && w.f.fallback && w.fallbackSeen && w.clock.After(w.syncStart.Add(w.cfg.Budget)) {
 		w.fault = fmt.Sprintf("a PUT was sent %s after the sync's arrival, past the %s budget of a sync with fallback work", w.clock.Sub(w.syncStart), w.cfg.Budget)
 	}
-	if a == writeBefore {
-		w.operatorWrite()
+	if a == writeBefore || a == tieBefore {
+		w.operatorWrite(a == tieBefore)
 	}
 	if a == budgetOut {
 		w.tick(11 * time.Second)
@@ -389,7 +402,7 @@ func (w *world) put(act syncmachine.Put, a answer, in rewrite.Input) syncmachine
 	}
 	w.lookedSincePut = false
 	if a == slowConflict {
-		w.operatorWrite()
+		w.operatorWrite(false)
 		w.tick(w.cfg.Budget + time.Second)
 		a = natural
 	}
@@ -567,6 +580,19 @@ func (w *world) check(d doc, f *syncmachine.Final) string {
 		if f.Failure.Kind == syncmachine.FailStateRead && f.Failure.Applied != w.acceptedInSync {
 			return fmt.Sprintf("a state read failed; the answer says an earlier PUT was applied: %v, APISIX accepted one: %v", f.Failure.Applied, w.acceptedInSync)
 		}
+		if f.Failure.Kind == syncmachine.FailTieLost {
+			w.tiesLost++
+			dp := w.em.Document()
+			for _, c := range f.Failure.Ties {
+				got := items(dp[c.Section])
+				if !slices.ContainsFunc(d.sections[c.Section], func(it map[string]any) bool { return !reflect.DeepEqual(got[itemKey(it)], normalize(it)) }) {
+					return fmt.Sprintf("answered that a writer's copy of %s was kept, but the client's items are on the data plane as sent", c.Section)
+				}
+			}
+			if !w.acceptedInSync {
+				return "answered that a writer's copy was kept while the rest applied, but APISIX accepted no PUT of the sync"
+			}
+		}
 		return w.checkOperator()
 	}
 	ans, actions := f.Reply()
@@ -687,17 +713,21 @@ func (w *world) checkOperator() string {
 	for floor > 0 && (w.lossy[floor] || w.lost[floor]) {
 		floor--
 	}
-	check := func(what string, n int) string {
+	check := func(what string, n, floor int) string {
 		if n < floor || n > w.ops {
-			return fmt.Sprintf("the operator's %s is from write %d; writes %d, the machine read %d, lossy %v, lost in a restart %v", what, n, w.ops, w.kept, w.lossy, w.lost)
+			return fmt.Sprintf("the operator's %s is from write %d; writes %d, the machine read %d, lossy %v, lost in a restart %v, rule only %v", what, n, w.ops, w.kept, w.lossy, w.lost, w.ruleOnly)
 		}
 		return ""
 	}
-	if msg := check("secret", gen("secrets", "vault/op", "token")); msg != "" {
+	secretFloor := floor // the newest write that changed the secret
+	for secretFloor > 0 && (w.ruleOnly[secretFloor] || w.lossy[secretFloor] || w.lost[secretFloor]) {
+		secretFloor--
+	}
+	if msg := check("secret", gen("secrets", "vault/op", "token"), secretFloor); msg != "" {
 		return msg
 	}
 	if w.f.merge {
-		return check("tracing rule", gen("global_rules", "platform-tracing", "plugins"))
+		return check("tracing rule", gen("global_rules", "platform-tracing", "plugins"), floor)
 	}
 	return ""
 }
