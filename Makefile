@@ -21,7 +21,10 @@ build:
 	$(GO) build -o bin/apisix-standalone ./integration/cmd/apisix-standalone
 
 # lint, the alert rules' tests, the race-enabled suite, then the tests that measure
-# memory (only meaningful without -race) and the sync machine's answer sequences at their
+# memory (only meaningful without -race), the contract model at 100 steps per combination
+# (12 under -race) with the 2 MiB validate-cap test and the watch's 11 MB growth test
+# (both skipped under -race: sizes, not concurrency), and the sync machine's answer
+# sequences at their
 # default size (at most 2 faults; under -race the suite runs the set of 1, as the set of 2
 # would take five times as long); the last line says how long it all took, passed or
 # failed. The Docker-bound tests live behind the build module integration/containers (make
@@ -35,8 +38,9 @@ test:
 # the suites alone (make test without lint and the alert rules)
 test-suites:
 	$(GO) test -race -count=1 ./...
-	$(GO) test -count=1 -run 'TestMemory|TestLargeBodies|TestMonitoring' ./integration/
+	MODEL_STEPS=100 $(GO) test -count=1 -run 'TestMemory|TestLargeBodies|TestMonitoring|TestContractModel|TestFallbackOverTheValidateCap' ./integration/
 	$(GO) test -count=1 -run 'TestEveryAnswerSequence' ./internal/syncmachine/
+	$(GO) test -count=1 -run 'TestWatchKeepsItsBudgetAfterGrowth' ./internal/reseed/
 
 # The emulated APISIX data plane on 127.0.0.1:9180 and confshim in front of it on :9280.
 # The log is confshim's; EMULATOR_FLAGS=-v adds the emulator's line per request (one

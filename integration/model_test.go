@@ -54,6 +54,7 @@ import (
 	"github.com/confshim/confshim/internal/testsupport/adcclient"
 	"github.com/confshim/confshim/internal/testsupport/apisixtest"
 	"github.com/confshim/confshim/internal/testsupport/emulator"
+	"github.com/confshim/confshim/internal/testsupport/race"
 	"github.com/confshim/confshim/proxy"
 )
 
@@ -980,8 +981,14 @@ func runModel(t *testing.T, flags modelFlags, seed uint64, steps int, budget tim
 // and MODEL_FLAGS replay one run.
 func TestContractModel(t *testing.T) {
 	// the CI size: 40 steps per combination and seed, the combinations in parallel (each
-	// has its own emulator and proxy; most of a step is waiting on them)
+	// has its own emulator and proxy; most of a step is waiting on them). Under the race
+	// detector, whose job is the concurrency every combination's mechanisms have from
+	// their first steps, 12: the steps cost it five times the CPU (make test runs the
+	// model again without -race, at MODEL_STEPS=100)
 	steps, budget := 40, time.Minute
+	if race.Enabled {
+		steps = 12
+	}
 	if v, err := strconv.Atoi(os.Getenv("MODEL_STEPS")); err == nil {
 		steps = v
 	}

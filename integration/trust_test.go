@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/confshim/confshim/internal/testsupport/fixture"
+	"github.com/confshim/confshim/internal/testsupport/race"
 	"github.com/confshim/confshim/proxy"
 )
 
@@ -55,7 +56,7 @@ func (m *markingWriter) Unwrap() http.ResponseWriter { return m.ResponseWriter }
 // 2,000 the five restarts were 60 % of the race suite's CPU; TestTrustAlways… shows
 // the loss at either size); make soak runs the 20,000 (restart_soak_test.go).
 var stateOnlyRestartRoutes = func() int {
-	if raceBuild {
+	if race.Enabled {
 		return 500
 	}
 	return 2000

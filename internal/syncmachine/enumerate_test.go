@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/confshim/confshim/internal/testsupport/race"
 )
 
 // TestEveryAnswerSequence drives the state machine, without a socket, through every
@@ -30,7 +32,7 @@ import (
 func TestEveryAnswerSequence(t *testing.T) {
 	t.Parallel()
 	maxFaults := 2
-	if raceBuild {
+	if race.Enabled {
 		maxFaults = 1 // the race detector costs five times as much; make test runs the set of 2 without it
 	}
 	if v, err := strconv.Atoi(os.Getenv("ENUMERATE_FAULTS")); err == nil {

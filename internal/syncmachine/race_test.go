@@ -1,5 +1,0 @@
-//go:build race
-
-package syncmachine_test
-
-const raceBuild = true
