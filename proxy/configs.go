@@ -121,7 +121,7 @@ func (pr *putRequest) authorize() bool {
 		s.asItCame(pr.w, r)
 		return false
 	case err != nil:
-		s.stateReadFailed(pr.w, r, err, false)
+		s.stateReadFailed(pr.w, r, err, "nothing was forwarded")
 		return false
 	}
 	return true
@@ -269,8 +269,12 @@ func (pr *putRequest) failed(f *syncmachine.Failure) {
 		s.tooBig(w, f, time.Now())
 	case f.Kind == syncmachine.FailTieLost:
 		s.tieLost(w, f.Ties)
+	case f.Kind == syncmachine.FailTieUnverified:
+		s.stateReadFailed(w, r, f.Err, tieUnverified(f.Ties))
+	case f.Applied:
+		s.stateReadFailed(w, r, f.Err, "an earlier PUT of this sync was applied, then the data plane moved; nothing more was forwarded")
 	default:
-		s.stateReadFailed(w, r, f.Err, f.Applied)
+		s.stateReadFailed(w, r, f.Err, "nothing was forwarded")
 	}
 }
 

@@ -56,7 +56,12 @@ func (pr *putRequest) perform(act syncmachine.Action) syncmachine.Event {
 	case syncmachine.Head:
 		ev.Meta, _, ev.Err = s.api.Head(ctx, apisix.Decide, sc.creds)
 	case syncmachine.Read:
-		st, digest, lastModified, err := s.states.readState(ctx, sc.creds)
+		rctx, cancel := ctx, context.CancelFunc(func() {})
+		if !a.Until.IsZero() {
+			rctx, cancel = context.WithDeadline(ctx, a.Until)
+		}
+		st, digest, lastModified, err := s.states.readState(rctx, sc.creds)
+		cancel()
 		ev.Read, ev.Err = syncmachine.StateRead{State: st, Digest: digest, LastModified: lastModified}, err
 	case syncmachine.Reseed:
 		ev.Reseeded = s.watch.ReseedLocked(ctx, sc.tx, time.Now(), &sc.creds)

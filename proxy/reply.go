@@ -71,16 +71,10 @@ func (rp replies) upstreamFailed(w http.ResponseWriter, r *http.Request, err err
 	writeError(w, status, msg)
 }
 
-// stateReadFailed answers a PUT whose data plane state could not be read: nothing was
-// forwarded on that state (applied: an earlier PUT of the same sync was accepted before
-// the data plane moved under it). An answer APISIX gave but confshim cannot use is a
-// 502; no answer at all is classified like any upstream failure (502, or 504 on a
-// timeout).
-func (rp replies) stateReadFailed(w http.ResponseWriter, r *http.Request, err error, applied bool) {
-	outcome := "nothing was forwarded"
-	if applied {
-		outcome = "an earlier PUT of this sync was applied, then the data plane moved; nothing more was forwarded"
-	}
+// stateReadFailed answers a PUT whose data plane state could not be read, saying what
+// the sync did (outcome). An answer APISIX gave but confshim cannot use is a 502; no
+// answer at all is classified like any upstream failure (502, or 504 on a timeout).
+func (rp replies) stateReadFailed(w http.ResponseWriter, r *http.Request, err error, outcome string) {
 	var status apisix.StatusError
 	var bad badStateError
 	if errors.As(err, &status) || errors.As(err, &bad) {
@@ -88,7 +82,7 @@ func (rp replies) stateReadFailed(w http.ResponseWriter, r *http.Request, err er
 		writeError(w, http.StatusBadGateway, "cannot read the data plane's state: "+err.Error()+"; "+outcome)
 		return
 	}
-	rp.upstreamFailed(w, r, err, "read the data plane's state before the PUT; "+outcome)
+	rp.upstreamFailed(w, r, err, "read the data plane's state; "+outcome)
 }
 
 // tieLost answers a sync whose changed sections a writer's copy at the very version it
@@ -102,6 +96,16 @@ func (rp replies) tieLost(w http.ResponseWriter, ties []rewrite.Change) {
 	rp.log.Warn().Str("event", "tie_lost").Strs("sections", names).Msg("a writer set sections to the version the sync sent, twice; the client's change there did not land")
 	writeError(w, http.StatusConflict, "another writer set "+strings.Join(names, ", ")+
 		" to the very version this sync sent, while it was applied, and again after confshim decided the sync anew: APISIX keeps what it holds at an equal version, so the client's change there did not land (the rest of the sync did); sync again")
+}
+
+// tieUnverified is the outcome of a sync whose accepted PUT could not be read back.
+func tieUnverified(ties []rewrite.Change) string {
+	names := make([]string, 0, len(ties))
+	for _, c := range ties {
+		names = append(names, rewrite.Clip(c.Section))
+	}
+	return "APISIX accepted this sync's PUT, but reading back " + strings.Join(names, ", ") +
+		" failed: sent at the data plane's version + 1, the version a writer's read-modify-write picks too, the 2xx alone does not show the client's change landed (the rest of the sync is applied); sync again"
 }
 
 // refuse answers a body confshim must not forward (contract §6): 400, nothing forwarded.

@@ -272,6 +272,9 @@ type decision struct {
 	in  Input
 	h   *semHasher
 	res *Result
+	// stampTie: the section being decided cannot be read back after the PUT (a merged
+	// section's YAML items), so a change at vS+1 goes at the clock's version
+	stampTie bool
 }
 
 type sectionRef struct {

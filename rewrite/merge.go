@@ -362,6 +362,11 @@ func (d *decision) decideMergedYAML(section string, sl slots, owned []string, kn
 	theirs, err := splitItems(section, d.in.State.Items[section])
 	if err == nil && knows && allOwned(theirs, owned) {
 		d.res.owned[section] = owned
+		// YAML items are not read (§5.6), so a change sent at vS+1 — the version an
+		// operator's read-modify-write of the section picks too — cannot be read back
+		// (LostTies): it goes at the clock's version, as one decided unread does
+		d.stampTie = true
+		defer func() { d.stampTie = false }()
 		return d.decideSection(section, sl)
 	}
 	return outcome{}, Change{}, false, &RefuseError{Reason: fmt.Sprintf("YAML body: %s is merged (--merge) and the data plane holds items the client may not own; confshim writes a merged section in JSON only: send this configuration as JSON", clip(section))}

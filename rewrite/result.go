@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-
-	"github.com/valyala/fastjson"
 )
 
 // Without returns the record with sections forgotten (their content on the data plane
@@ -187,12 +185,13 @@ func (o *outcome) atATie() bool {
 
 // LostTies are the sections the decision sent at a tie (SentAtATie) that st, read after
 // APISIX accepted sent (the bytes forwarded), does not hold as sent: at that very
-// version with other items (a writer's copy APISIX kept), or at a higher one without
-// the items sent (a writer's, whether or not the PUT's landed first; in a merged section
-// only the client's own items count, the kept ones are the writer's to change). "As
-// sent" allows what a data plane may add to an item (schema defaults), not what it
-// changes. Each is a Change from the version decided on to the one read. A data plane
-// that lost its state since is §8.4's matter, not judged here.
+// version with other content (a writer's copy APISIX kept), or at a higher one without
+// the client's own items as sent (a writer's, whether or not the PUT's landed first; the
+// kept items are the writer's to change). Content is compared as §8.1 compares it: the
+// semantic fingerprint (key order, modifiedIndex and cjson's spellings aside, numbers as
+// APISIX stores them, an ordered section's order kept). Each is a Change from the
+// version decided on to the one read. A data plane that lost its state since is §8.4's
+// matter, not judged here.
 func (rw *Rewriter) LostTies(r *Result, sent []byte, st *State) ([]Change, error) {
 	if !r.SentAtATie() || st == nil || !st.ItemsKnown {
 		return nil, nil
@@ -211,19 +210,10 @@ func (rw *Rewriter) LostTies(r *Result, sent []byte, st *State) ([]Change, error
 		held := st.Items[o.section]
 		landed := true
 		switch v := st.Version(o.section); {
-		case v == o.applied && h.sectionFingerprint(o.section, items) == h.sectionFingerprint(o.section, held):
-			// as sent (the common case: read once, no item parsed)
 		case v == o.applied:
-			landed = holdsAsSent(o.section, items, held, nil, true)
+			landed = h.sectionFingerprint(o.section, items) == h.sectionFingerprint(o.section, held)
 		case v > o.applied:
-			var only map[string]bool
-			if o.shared {
-				only = map[string]bool{}
-				for _, id := range r.owned[o.section] {
-					only[id] = true
-				}
-			}
-			landed = holdsAsSent(o.section, items, held, only, false)
+			landed = rw.holdsOwned(o.section, items, held, r.owned[o.section])
 		}
 		if !landed {
 			lost = append(lost, Change{Section: o.section, From: o.current, To: st.Version(o.section)})
@@ -232,9 +222,9 @@ func (rw *Rewriter) LostTies(r *Result, sent []byte, st *State) ([]Change, error
 	return lost, nil
 }
 
-// holdsAsSent reports whether held has each item of sent (of those in only, when not
-// nil) by its id, containing what was sent; exact: and no item sent does not name.
-func holdsAsSent(section string, sent, held []byte, only map[string]bool, exact bool) bool {
+// holdsOwned reports whether held has each of sent's items whose id is in owned, by id,
+// with the same content.
+func (rw *Rewriter) holdsOwned(section string, sent, held []byte, owned []string) bool {
 	want, err1 := rawItems(section, sent)
 	have, err2 := rawItems(section, held)
 	if err1 != nil || err2 != nil {
@@ -246,73 +236,13 @@ func holdsAsSent(section string, sent, held []byte, only map[string]bool, exact 
 	}
 	for _, raw := range want {
 		id := itemID(section, raw)
-		if id == "" || (only != nil && !only[id]) {
+		if id == "" || !slices.Contains(owned, id) {
 			continue
 		}
 		got, ok := byID[id]
-		if !ok || (!bytes.Equal(got, raw) && !itemContains(got, raw)) {
+		if !ok || (!bytes.Equal(got, raw) && rw.ItemFingerprint(got) != rw.ItemFingerprint(raw)) {
 			return false
 		}
-		delete(byID, id)
 	}
-	return !exact || len(byID) == 0
-}
-
-// itemContains: stored holds every member of sent with a value that contains sent's
-// (modifiedIndex aside: ADC re-stamps it, it is not content).
-func itemContains(stored, sent []byte) bool {
-	sv, err1 := fastjson.ParseBytes(stored)
-	v, err2 := fastjson.ParseBytes(sent)
-	if err1 != nil || err2 != nil {
-		return false
-	}
-	if o, err := v.Object(); err == nil {
-		o.Del("modifiedIndex")
-	}
-	return contains(sv, v)
-}
-
-// contains: stored has what sent has — objects member by member (stored may have more),
-// arrays element by element, an empty array as an empty object (cjson stores [] as {}),
-// numbers by value, strings decoded.
-func contains(stored, sent *fastjson.Value) bool {
-	switch sent.Type() {
-	case fastjson.TypeObject:
-		o, _ := sent.Object()
-		if o.Len() == 0 && stored.Type() == fastjson.TypeArray {
-			return len(stored.GetArray()) == 0
-		}
-		so, err := stored.Object()
-		if err != nil {
-			return false
-		}
-		ok := true
-		o.Visit(func(k []byte, v *fastjson.Value) {
-			if sv := so.Get(string(k)); ok && (sv == nil || !contains(sv, v)) {
-				ok = false
-			}
-		})
-		return ok
-	case fastjson.TypeArray:
-		a := sent.GetArray()
-		if len(a) == 0 && stored.Type() == fastjson.TypeObject {
-			o, _ := stored.Object()
-			return o.Len() == 0
-		}
-		sa, err := stored.Array()
-		if err != nil || len(sa) != len(a) {
-			return false
-		}
-		for i := range a {
-			if !contains(sa[i], a[i]) {
-				return false
-			}
-		}
-		return true
-	case fastjson.TypeNumber:
-		return stored.Type() == fastjson.TypeNumber && stored.GetFloat64() == sent.GetFloat64()
-	case fastjson.TypeString:
-		return stored.Type() == fastjson.TypeString && bytes.Equal(stored.GetStringBytes(), sent.GetStringBytes())
-	}
-	return stored.Type() == sent.Type() // true, false, null
+	return true
 }

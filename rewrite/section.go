@@ -91,7 +91,7 @@ func (d *decision) compare(section string, sl slots, o outcome, change Change, v
 	switch {
 	case vR > vS && !eq && storable(vR) > vS:
 		o.applied = storable(vR)
-		if d.in.Unread {
+		if next, _ := nextStorable(vS); d.in.Unread || (d.stampTie && o.applied == next) {
 			o.applied = d.stampClientVersion(section, sl.version, storable(vR), vS)
 		}
 		return o, change, false, nil

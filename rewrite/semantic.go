@@ -184,15 +184,30 @@ func (h *semHasher) number() uint64 {
 	end, _ := scanNumber(b, start)
 	h.i = end
 	var f float64
-	if v, ok := smallInt(b[start:end]); ok {
+	if v, ok := smallInt(b[start:end]); ok && v < 1e14 && v > -1e14 {
 		f = float64(v)
 	} else {
 		f, _ = strconv.ParseFloat(string(b[start:end]), 64)
+		f = asStored(f, h.scratch[:0])
 	}
 	if f == 0 {
 		f = 0 // -0 is 0
 	}
 	return fmix(math.Float64bits(f) ^ tagNumber)
+}
+
+// asStored is f as APISIX keeps it: cjson encodes numbers with 14 significant digits
+// (%.14g), so a 16-digit float or a 15-digit integer is read back rounded. Two values
+// APISIX stores alike are the same content.
+func asStored(f float64, scratch []byte) float64 {
+	if f == math.Trunc(f) && math.Abs(f) < 1e14 || math.IsInf(f, 0) || math.IsNaN(f) {
+		return f
+	}
+	r, err := strconv.ParseFloat(string(strconv.AppendFloat(scratch, f, 'g', 14, 64)), 64)
+	if err != nil {
+		return f
+	}
+	return r
 }
 
 // smallInt parses an integer of at most 15 digits without allocating.

@@ -1,6 +1,9 @@
 package rewrite
 
-import "testing"
+import (
+	"bytes"
+	"testing"
+)
 
 // TestLostTies: a changed merged section sent at vS+1 — the version an operator's
 // read-modify-write of the same state picks too — is judged from the state read after
@@ -22,7 +25,8 @@ func TestLostTies(t *testing.T) {
 		tie, lost bool
 	}{
 		{name: "the client's change landed", vR: "1001", readV: 1001, readItems: `[{"id":"r1","uris":["/b"]}]`, tie: true},
-		{name: "landed, with schema defaults the data plane added", vR: "1001", readV: 1001, readItems: `[{"id":"r1","uris":["/b"],"status":1,"priority":0}]`, tie: true},
+		// APISIX stores items exactly as received: fields it did not get are another copy
+		{name: "fields the client did not send", vR: "1001", readV: 1001, readItems: `[{"id":"r1","uris":["/b"],"status":1,"priority":0}]`, tie: true, lost: true},
 		{name: "a writer's copy differing in one value", vR: "1001", readV: 1001, readItems: `[{"id":"r1","uris":["/b","/c"]}]`, tie: true, lost: true},
 		{name: "a writer's copy at the same version was kept", vR: "1001", readV: 1001, readItems: `[{"id":"r1","uris":["/a"]},{"id":"op","uris":["/op"]}]`, tie: true, lost: true},
 		{name: "a deletion kept out at the same version", vR: "1001", readV: 1001, readItems: `[{"id":"r1","uris":["/b"]},{"id":"gone","uris":["/x"]}]`, tie: true, lost: true},
@@ -115,6 +119,109 @@ func TestLostTiesOfAMergedSection(t *testing.T) {
 		}
 		if (len(lost) > 0) != tc.lost {
 			t.Errorf("%s: lost %+v, want lost %v", tc.name, lost, tc.lost)
+		}
+	}
+}
+
+// TestLostTiesJudgesContentAsStored (cases from a review of the first version, which
+// took a stored item holding more than was sent as landed and compared numbers
+// exactly): each is a read after APISIX accepted a merged section sent at vS+1; want is
+// what happened to the client's change.
+func TestLostTiesJudgesContentAsStored(t *testing.T) {
+	for _, tc := range []struct {
+		name, section, before, client, read string
+		wantLost                            bool
+	}{
+		{ // the client removes a field of its item; an operator's +1 (same state, adds a
+			// field to its own item) was kept by APISIX: the client's change is NOT there
+			name: "removal kept out by a writer's copy", section: "secrets",
+			before:   `[{"id":"vault/ctrl","uri":"u","token":"a","namespace":"ns1"},{"id":"vault/1","uri":"u","token":"op"}]`,
+			client:   `[{"id":"vault/ctrl","uri":"u","token":"a"}]`,
+			read:     `[{"id":"vault/ctrl","uri":"u","token":"a","namespace":"ns1"},{"id":"vault/1","uri":"u","token":"op","namespace":"opns"}]`,
+			wantLost: true,
+		},
+		{ // the client removes a plugin from its global rule; the operator's copy kept
+			name: "plugin removal kept out", section: "global_rules",
+			before:   `[{"id":"mine","plugins":{"cors":{},"prometheus":{}}},{"id":"ops","plugins":{"zipkin":{"sample_ratio":1}}}]`,
+			client:   `[{"id":"mine","plugins":{"prometheus":{}}}]`,
+			read:     `[{"id":"mine","plugins":{"cors":{},"prometheus":{}}},{"id":"ops","plugins":{"zipkin":{"sample_ratio":1},"prometheus":{}}}]`,
+			wantLost: true,
+		},
+		{ // global_rules keep their order (§8.1); the client's reorder is kept out
+			name: "reorder kept out (ordered section)", section: "global_rules",
+			before:   `[{"id":"a","plugins":{"cors":{}}},{"id":"b","plugins":{"prometheus":{}}},{"id":"ops","plugins":{"zipkin":{"sample_ratio":1}}}]`,
+			client:   `[{"id":"b","plugins":{"prometheus":{}}},{"id":"a","plugins":{"cors":{}}}]`,
+			read:     `[{"id":"a","plugins":{"cors":{}}},{"id":"b","plugins":{"prometheus":{}}},{"id":"ops","plugins":{"zipkin":{"sample_ratio":1},"x":{}}}]`,
+			wantLost: true,
+		},
+		{ // the client's change LANDED; cjson stored 0.3333333333333333 with 14 digits
+			name: "landed, a 16-digit float read back at 14 digits", section: "global_rules",
+			before:   `[{"id":"mine","plugins":{"zipkin":{"sample_ratio":0.5}}}]`,
+			client:   `[{"id":"mine","plugins":{"zipkin":{"sample_ratio":0.3333333333333333}}}]`,
+			read:     `[{"id":"mine","plugins":{"zipkin":{"sample_ratio":0.33333333333333}}}]`,
+			wantLost: false,
+		},
+		{ // landed; an integer of 15 digits read back as %.14g
+			name: "landed, a 15-digit integer read back at 14 digits", section: "secrets",
+			before:   `[{"id":"vault/ctrl","uri":"u","token":"a"}]`,
+			client:   `[{"id":"vault/ctrl","uri":"u","token":"b","ttl":123456789012345}]`,
+			read:     `[{"id":"vault/ctrl","uri":"u","token":"b","ttl":1.2345678901234e+14}]`,
+			wantLost: false,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rw := NewMerging(DefaultPreserve, []string{tc.section})
+			body := []byte(`{"` + tc.section + `_conf_version":1001,"` + tc.section + `":` + tc.client + `}`)
+			st := &State{Versions: map[string]float64{tc.section: 1000}, Items: map[string][]byte{tc.section: []byte(tc.before)}, ItemsKnown: true}
+			p, err := rw.Prepare(body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			owned := Ownership{"secrets": {"vault/ctrl"}, "global_rules": {"mine", "a", "b"}}
+			res, err := rw.Decide(p, Input{Body: body, State: st, Owned: owned})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.SentAtATie() {
+				t.Fatalf("not a tie: %s", res.Actions())
+			}
+			read := &State{Versions: map[string]float64{tc.section: 1001}, Items: map[string][]byte{tc.section: []byte(tc.read)}, ItemsKnown: true}
+			lost, err := rw.LostTies(res, res.Body, read)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (len(lost) > 0) != tc.wantLost {
+				t.Errorf("LostTies = %+v; the client's change %s", lost, map[bool]string{true: "did NOT land (want it judged lost)", false: "landed (want it judged landed)"}[tc.wantLost])
+			}
+		})
+	}
+}
+
+// TestAMergedYAMLChangeAtVSPlusOneGoesAtTheClock: a YAML body's merged section (the data
+// plane holding only the client's items) is forwarded as a managed one, its items not
+// read (§5.6), so it cannot be read back after the PUT: a change sent at vS+1 goes at
+// the clock's version instead, above any read-modify-write +1; above vS+1 it goes as is.
+func TestAMergedYAMLChangeAtVSPlusOneGoesAtTheClock(t *testing.T) {
+	rw := NewMerging(DefaultPreserve, []string{"secrets"})
+	st := &State{Versions: map[string]float64{"secrets": 1000}, ItemsKnown: true,
+		Items: map[string][]byte{"secrets": []byte(`[{"id":"vault/ctrl","uri":"u","token":"a"}]`)}}
+	for _, tc := range []struct {
+		vR, want string
+	}{{"1001", "5000"}, {"1002", "1002"}} {
+		body := []byte("secrets_conf_version: " + tc.vR + "\nsecrets:\n  - id: vault/ctrl\n    uri: u\n    token: b\n")
+		p, err := rw.PrepareYAML(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := rw.Decide(p, Input{Body: body, State: st, Now: 5000, Owned: Ownership{"secrets": {"vault/ctrl"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "secrets_conf_version: " + tc.want + "\n"; !bytes.HasPrefix(res.Body, []byte(want)) {
+			t.Errorf("vR %s: forwarded %q, want it to start %q", tc.vR, res.Body, want)
+		}
+		if res.SentAtATie() {
+			t.Errorf("vR %s: a YAML section counted as a tie to read back", tc.vR)
 		}
 	}
 }

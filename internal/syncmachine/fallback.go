@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"time"
 
 	"github.com/confshim/confshim/internal/apisix"
 	"github.com/confshim/confshim/internal/dataplane"
@@ -116,9 +117,41 @@ func (s *Sync) accepted(ans *apisix.Answer, o dataplane.Outcome, sent Outgoing) 
 	s.applied = &appliedPut{answer: ans, res: o.Res, sent: sent, prepared: o.Prepared, held: o.Held}
 	s.second.deciding = false
 	if ans.Status != http.StatusNoContent && o.Res.SentAtATie() {
-		return s.to(phaseTie, Read{})
+		if s.fallbackWork() && !s.affords("reading back a section sent at the data plane's version + 1") {
+			return s.tieUnverified(errTieBudget)
+		}
+		return s.to(phaseTie, Read{Until: s.readBackUntil()})
 	}
 	return s.afterAccepted()
+}
+
+// errTieBudget: the budget of a sync with fallback work left no time to read back.
+var errTieBudget = errors.New("the budget of a sync with fallback work ended before the read-back")
+
+// fallbackWork: the sync did §8.5's work (rounds, a hold before the PUT, the second
+// step), so it is answered within its budget.
+func (s *Sync) fallbackWork() bool {
+	return s.fb != nil || s.second.taken || len(s.body.held) > 0 || len(s.carried) > 0
+}
+
+// readBackUntil bounds the read-back: by the budget in a sync with fallback work,
+// else by the PUT's deadline (zero: the driver's own).
+func (s *Sync) readBackUntil() time.Time {
+	if s.fallbackWork() {
+		return s.budgetEnd()
+	}
+	return time.Time{}
+}
+
+// tieUnverified ends a sync whose accepted PUT could not be read back (see tieRead).
+func (s *Sync) tieUnverified(err error) Action {
+	ties := s.applied.res.TiedSections()
+	s.tx.TieLost(ties, nil, "", "")
+	changes := make([]rewrite.Change, len(ties))
+	for i, t := range ties {
+		changes[i] = rewrite.Change{Section: t}
+	}
+	return s.fail(Failure{Kind: FailTieUnverified, Err: err, Applied: true, Ties: changes})
 }
 
 // tieRead: the data plane's state after a PUT that sent a changed section at vS+1. A
@@ -126,13 +159,13 @@ func (s *Sync) accepted(ans *apisix.Answer, o dataplane.Outcome, sent Outgoing) 
 // keeps what it holds at an equal version: where the read shows the writer's copy
 // there, the client's change did not land, so the sync is decided again on this read
 // (once, as after a version conflict; §5.4), the change bumped above the writer's. A
-// read that fails leaves the 2xx unproven: the client is told the PUT was applied and
-// the state could not be read, and the record vouches no more for those sections.
+// read that fails (or that a sync with fallback work has no budget left for) leaves the
+// 2xx unproven: the client is told the PUT was applied and could not be read back, and
+// the record vouches no more for those sections, so the next sync compares them.
 func (s *Sync) tieRead(ev Event) Action {
 	a := s.applied
 	if ev.Err != nil {
-		s.tx.TieLost(a.res.TiedSections(), nil, "", "")
-		return s.stateFailed(ev.Err)
+		return s.tieUnverified(ev.Err)
 	}
 	s.recordRead(ev.Read)
 	lost, err := s.cfg.Rewriter.LostTies(a.res, a.sent.Body, ev.Read.State)

@@ -55,7 +55,7 @@ type Failure struct {
 	Oversized *dataplane.Oversized
 	Repeat    bool
 	// FailTieLost: the sections a writer's copy kept at the version the sync sent, after
-	// it was decided again once already
+	// it was decided again once already; FailTieUnverified: the sections not read back
 	Ties []rewrite.Change
 }
 
@@ -72,6 +72,7 @@ const (
 	FailUpstream                             // 502/504: a PUT got no answer
 	FailTooBig                               // 500: APISIX cannot store a configuration this size
 	FailTieLost                              // 409: a writer's copy kept at the version sent, twice
+	FailTieUnverified                        // 502/504: an accepted PUT sent at a tie could not be read back
 )
 
 // Accepted: the client's answer is drawn from a PUT APISIX accepted (the rest of a sync

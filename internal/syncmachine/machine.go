@@ -112,7 +112,9 @@ type Head struct{}
 
 // Read asks GET /apisix/admin/configs on the decide connection (the driver only reads;
 // what the state means is the machine's).
-type Read struct{}
+type Read struct {
+	Until time.Time // zero: within the PUT's deadline
+}
 
 // Reseed puts the kept configuration back into the emptied data plane (§8.4).
 type Reseed struct{}

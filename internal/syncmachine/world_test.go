@@ -580,6 +580,9 @@ func (w *world) check(d doc, f *syncmachine.Final) string {
 		if f.Failure.Kind == syncmachine.FailStateRead && f.Failure.Applied != w.acceptedInSync {
 			return fmt.Sprintf("a state read failed; the answer says an earlier PUT was applied: %v, APISIX accepted one: %v", f.Failure.Applied, w.acceptedInSync)
 		}
+		if f.Failure.Kind == syncmachine.FailTieUnverified && (!f.Failure.Applied || !w.acceptedInSync) {
+			return "answered that an accepted PUT could not be read back, but APISIX accepted no PUT of the sync"
+		}
 		if f.Failure.Kind == syncmachine.FailTieLost {
 			w.tiesLost++
 			dp := w.em.Document()
