@@ -240,6 +240,11 @@ type contractModel struct {
 	lost      bool // a restart since the last check that found the operator's items
 	// matched is the landing the last check found on the data plane
 	matched landing
+	// unobserved are the landings before a sync whose outcome confshim did not learn (a
+	// PUT answered after --upstream-timeout, which may land later), until confshim has
+	// seen the data plane again: what it kept is "the newest configuration confshim
+	// knew" (§8.4), so a re-seed before then may restore one of them
+	unobserved []landing
 	// raced: the operator's newest write came between confshim's decision (its look or
 	// read) and a PUT of the sync: a PUT that replaces its section may overwrite it, the
 	// documented limit of §5.4 (no look closes that window); the write before it stands
@@ -479,8 +484,13 @@ func (m *contractModel) answered(d desired, secrets []int, status int, body, act
 		for i := range unknown {
 			unknown[i].fresh = false // nothing shows what confshim saw
 		}
+		if m.unobserved == nil {
+			m.unobserved = slices.Clone(m.landed)
+		}
 		m.landed = append(m.landed, unknown...)
+		return ""
 	}
+	m.unobserved = nil // APISIX answered the sync: confshim read or proved the state first
 	return ""
 }
 
@@ -495,6 +505,7 @@ func (m *contractModel) wrote() int {
 func (m *contractModel) restarted() {
 	m.newer = append(slices.Clone(m.newer), m.pending...)
 	m.lost = true
+	m.landed = append(m.landed, m.unobserved...) // what a re-seed may restore
 }
 
 // modelHook is what the wrap between confshim and the emulator does next.
