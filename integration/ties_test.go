@@ -200,6 +200,14 @@ func TestTheReadBackKeepsTheBudget(t *testing.T) {
 	if res.Status/100 == 2 {
 		t.Fatalf("answered %d: a change not read back is not known to be on the data plane", res.Status)
 	}
+	// cut where the budget ends: the budget is blamed, not --upstream-timeout, and no
+	// upstream error is counted
+	if !strings.Contains(string(res.Body), "the budget of a sync with fallback work ended before the read-back") {
+		t.Fatalf("answered %d %s, want the budget named", res.Status, res.Body)
+	}
+	if n := counter(s.metrics.UpstreamErrors.WithLabelValues("timeout")) + counter(s.metrics.UpstreamErrors.WithLabelValues("other")); n != 0 {
+		t.Fatalf("%v upstream errors counted for a read-back the budget cut", n)
+	}
 }
 
 // TestAYAMLMergedChangeAtVSPlusOneLands: a YAML body's merged section is not read (§5.6),

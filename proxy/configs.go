@@ -232,6 +232,9 @@ func (pr *putRequest) conclude(f *syncmachine.Final) *clientAnswer {
 	if f.Sent.SetDigest {
 		pr.rec.forwarded = f.Sent.Digest
 	}
+	for _, res := range f.Earlier { // decided again after a lost tie: their rewrites happened too
+		s.notes.count(res, syncmachine.Outgoing{}, f.Answer)
+	}
 	s.notes.count(f.Res, f.Sent, f.Answer)
 	if f.Accepted() {
 		s.m.ConfigTooBigBytes.Set(0)
@@ -269,6 +272,8 @@ func (pr *putRequest) failed(f *syncmachine.Failure) {
 		s.tooBig(w, f, time.Now())
 	case f.Kind == syncmachine.FailTieLost:
 		s.tieLost(w, f.Ties)
+	case f.Kind == syncmachine.FailTieUnverified && errors.Is(f.Err, syncmachine.ErrTieBudget):
+		writeError(w, http.StatusBadGateway, syncmachine.ErrTieBudget.Error()+"; "+tieUnverified(f.Ties))
 	case f.Kind == syncmachine.FailTieUnverified:
 		s.stateReadFailed(w, r, f.Err, tieUnverified(f.Ties))
 	case f.Applied:

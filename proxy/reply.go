@@ -86,16 +86,16 @@ func (rp replies) stateReadFailed(w http.ResponseWriter, r *http.Request, err er
 }
 
 // tieLost answers a sync whose changed sections a writer's copy at the very version it
-// sent kept out again after it was decided again once (§5.1: APISIX keeps what it holds
-// at an equal version). The rest of the sync is applied; the client syncs again.
+// sent kept out (§5.1: APISIX keeps what it holds at an equal version) and that could not
+// send them again. The rest of the sync is applied; the client syncs again.
 func (rp replies) tieLost(w http.ResponseWriter, ties []rewrite.Change) {
 	names := make([]string, 0, len(ties))
 	for _, c := range ties {
 		names = append(names, fmt.Sprintf("%s (%s)", rewrite.Clip(c.Section), strconv.FormatFloat(c.To, 'f', -1, 64)))
 	}
-	rp.log.Warn().Str("event", "tie_lost").Strs("sections", names).Msg("a writer set sections to the version the sync sent, twice; the client's change there did not land")
+	rp.log.Warn().Str("event", "tie_lost").Strs("sections", names).Msg("a writer set sections to the version the sync sent; the client's change there did not land")
 	writeError(w, http.StatusConflict, "another writer set "+strings.Join(names, ", ")+
-		" to the very version this sync sent, while it was applied, and again after confshim decided the sync anew: APISIX keeps what it holds at an equal version, so the client's change there did not land (the rest of the sync did); sync again")
+		" to the very version this sync sent, while it was applied: APISIX keeps what it holds at an equal version, so the client's change there did not land, and the sync could not send it again (decided again once already, or its budget ended); the rest of the sync is applied; sync again")
 }
 
 // tieUnverified is the outcome of a sync whose accepted PUT could not be read back.

@@ -2,6 +2,8 @@ package rewrite
 
 import (
 	"bytes"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/confshim/confshim/internal/testsupport/fixture"
@@ -125,4 +127,46 @@ func BenchmarkOneRouteIDs(b *testing.B) {
 			}
 		}
 	})
+}
+
+// manyRoutes is n routes r000000… with uri, and their ids.
+func manyRoutes(n int, uri string) (string, []string) {
+	var b strings.Builder
+	ids := make([]string, n)
+	b.WriteString("[")
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		ids[i] = fmt.Sprintf("r%06d", i)
+		fmt.Fprintf(&b, `{"id":%q,"uris":[%q]}`, ids[i], uri)
+	}
+	b.WriteString("]")
+	return b.String(), ids
+}
+
+// BenchmarkLostTies reads back a 20,000-route merged section at a higher version (the
+// client's items looked for one by one): linear in the section.
+func BenchmarkLostTies(b *testing.B) {
+	rw := NewMerging(DefaultPreserve, []string{"routes"})
+	before, ids := manyRoutes(20000, "/a")
+	after, _ := manyRoutes(20000, "/b")
+	body := []byte(`{"routes_conf_version":1001,"routes":` + after + `}`)
+	st := &State{Versions: map[string]float64{"routes": 1000}, Items: map[string][]byte{"routes": []byte(before)}, ItemsKnown: true}
+	p, err := rw.Prepare(body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	res, err := rw.Decide(p, Input{Body: body, State: st, Owned: Ownership{"routes": ids}})
+	if err != nil || !res.SentAtATie() {
+		b.Fatalf("tie %v err %v", res.SentAtATie(), err)
+	}
+	read := &State{Versions: map[string]float64{"routes": 1002}, Items: map[string][]byte{"routes": []byte(after)}, ItemsKnown: true}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if lost, _ := rw.LostTies(res, res.Body, read); len(lost) != 0 {
+			b.Fatal("lost")
+		}
+	}
 }

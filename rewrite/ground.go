@@ -249,6 +249,11 @@ type Input struct {
 	// cannot equal such a version; where the clock cannot choose (Now is not above the
 	// versions involved), the result is Unsure and the caller looks first.
 	Unread bool
+	// AvoidTies: a --merge section must not go at vS+1 (the version a read-modify-write
+	// of vS picks too) where it would be read back after the PUT (SentAtATie): the sync
+	// is decided again and makes no second read-back. It goes at the clock's version,
+	// or vS+2 when the clock is behind.
+	AvoidTies bool
 }
 
 // Prepared is a body scanned once, before any state is known. The proxy prepares
@@ -272,8 +277,8 @@ type decision struct {
 	in  Input
 	h   *semHasher
 	res *Result
-	// stampTie: the section being decided cannot be read back after the PUT (a merged
-	// section's YAML items), so a change at vS+1 goes at the clock's version
+	// stampTie: the section being decided is not read back after the PUT (a merged
+	// section's YAML items), so a change goes above vS+1 (untied)
 	stampTie bool
 }
 

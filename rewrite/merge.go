@@ -393,9 +393,15 @@ func (d *decision) applyUnion(u unionPlan) (outcome, Change, bool, error) {
 	e, obj, in := d.e, &d.p.obj, d.in
 	var next float64
 	switch {
-	case present && vR > vS && storable(vR) > vS && kept == 0 && in.Unread:
+	case present && vR > vS && storable(vR) > vS && kept == 0 && (in.Unread || in.AvoidTies):
 		// the client's own copy at its own version: stamped as a managed section is
-		o.applied = d.stampClientVersion(section, vi, storable(vR), vS)
+		o.applied = storable(vR)
+		if in.Unread {
+			o.applied = d.stampClientVersion(section, vi, o.applied, vS)
+		}
+		if in.AvoidTies {
+			o.applied = d.untie(section, vi, o.applied, vS)
+		}
 		return o, change, false, nil
 	case present && vR > vS && storable(vR) > vS:
 		next = storable(vR)
@@ -407,6 +413,9 @@ func (d *decision) applyUnion(u unionPlan) (outcome, Change, bool, error) {
 		if next, ok = d.bumpVersion(vS); !ok {
 			return o, change, false, unstorable(section, vS)
 		}
+	}
+	if in.AvoidTies {
+		next = d.untied(next, vS)
 	}
 	change.Action, change.To = Bumped, next
 	if kept > 0 {

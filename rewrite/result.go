@@ -222,27 +222,46 @@ func (rw *Rewriter) LostTies(r *Result, sent []byte, st *State) ([]Change, error
 	return lost, nil
 }
 
-// holdsOwned reports whether held has each of sent's items whose id is in owned, by id,
-// with the same content.
+// holdsOwned reports whether held has sent's items among the client's (owned: every id
+// it has sent, §8.6) as sent: each one it sent, by id, with the same content (in the
+// same order, in a section that keeps one), and none it no longer sends (deleted). The
+// kept items are a writer's to change.
 func (rw *Rewriter) holdsOwned(section string, sent, held []byte, owned []string) bool {
 	want, err1 := rawItems(section, sent)
 	have, err2 := rawItems(section, held)
 	if err1 != nil || err2 != nil {
 		return false
 	}
-	byID := make(map[string][]byte, len(have))
-	for _, raw := range have {
-		byID[itemID(section, raw)] = raw
+	mine := make(map[string]bool, len(owned))
+	for _, id := range owned {
+		mine[id] = true
 	}
+	byID := make(map[string][]byte, len(want))
+	var order []string // the client's ids as sent
 	for _, raw := range want {
+		if id := itemID(section, raw); id != "" && mine[id] {
+			byID[id] = raw
+			order = append(order, id)
+		}
+	}
+	ordered := !orderFree(rw.table, section)
+	found := 0
+	for _, raw := range have {
 		id := itemID(section, raw)
-		if id == "" || !slices.Contains(owned, id) {
+		if !mine[id] {
 			continue
 		}
-		got, ok := byID[id]
-		if !ok || (!bytes.Equal(got, raw) && rw.ItemFingerprint(got) != rw.ItemFingerprint(raw)) {
+		sentRaw, ok := byID[id]
+		if !ok {
+			return false // an item the client deleted
+		}
+		if ordered && (found >= len(order) || order[found] != id) {
+			return false // the client's items in another order
+		}
+		if !bytes.Equal(sentRaw, raw) && rw.ItemFingerprint(sentRaw) != rw.ItemFingerprint(raw) {
 			return false
 		}
+		found++
 	}
-	return true
+	return found == len(order)
 }

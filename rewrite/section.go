@@ -91,8 +91,11 @@ func (d *decision) compare(section string, sl slots, o outcome, change Change, v
 	switch {
 	case vR > vS && !eq && storable(vR) > vS:
 		o.applied = storable(vR)
-		if next, _ := nextStorable(vS); d.in.Unread || (d.stampTie && o.applied == next) {
+		if d.in.Unread {
 			o.applied = d.stampClientVersion(section, sl.version, storable(vR), vS)
+		}
+		if d.stampTie {
+			o.applied = d.untie(section, sl.version, o.applied, vS)
 		}
 		return o, change, false, nil
 	case vR > vS && !eq:
@@ -114,11 +117,42 @@ func (d *decision) compare(section string, sl slots, o outcome, change Change, v
 		if !ok {
 			return o, change, false, unstorable(section, vS)
 		}
+		if d.stampTie {
+			next = d.untied(next, vS)
+		}
 		change.Action, change.To = Bumped, next
 	}
 	o.applied = change.To
 	d.e.setVersion(&d.p.obj, sl.version, section, change.To)
 	return o, change, true, nil
+}
+
+// untied is v, or — when v is vS+1, the version an out-of-band read-modify-write of vS
+// picks too, and the section will not be read back after the PUT (Input.AvoidTies, a
+// YAML merged section) — the clock's version when it is above, else vS+2.
+func (d *decision) untied(v, vS float64) float64 {
+	next, ok := nextStorable(vS)
+	if !ok || v != next {
+		return v
+	}
+	if now := storable(d.in.Now); now > next && now < maxVersion {
+		return now
+	}
+	if after, ok := nextStorable(next); ok {
+		return after
+	}
+	return v
+}
+
+// untie sends section at untied(v) when that moves it (a stamp: part of the digest's
+// decisions, not reported), and returns the version it goes at.
+func (d *decision) untie(section string, vi int, v, vS float64) float64 {
+	u := d.untied(v, vS)
+	if u != v {
+		d.e.setVersion(&d.p.obj, vi, section, u)
+		d.res.stamped = append(d.res.stamped, Change{Section: section, From: v, To: u})
+	}
+	return u
 }
 
 // sectionStart is what every section's decision starts from: the client's version

@@ -187,13 +187,32 @@ func (h *semHasher) number() uint64 {
 	if v, ok := smallInt(b[start:end]); ok && v < 1e14 && v > -1e14 {
 		f = float64(v)
 	} else {
-		f, _ = strconv.ParseFloat(string(b[start:end]), 64)
-		f = asStored(f, h.scratch[:0])
+		lit := b[start:end]
+		f, _ = strconv.ParseFloat(string(lit), 64)
+		if significantDigits(lit) > 14 {
+			f = asStored(f, h.scratch[:0])
+		}
 	}
 	if f == 0 {
 		f = 0 // -0 is 0
 	}
 	return fmix(math.Float64bits(f) ^ tagNumber)
+}
+
+// significantDigits counts a JSON number's mantissa digits from its first non-zero one
+// (trailing zeros included: a few more numbers take asStored's slow path, to no harm).
+func significantDigits(lit []byte) int {
+	n, started := 0, false
+	for _, c := range lit {
+		switch {
+		case c == 'e' || c == 'E':
+			return n
+		case c >= '1' && c <= '9', c == '0' && started:
+			started = true
+			n++
+		}
+	}
+	return n
 }
 
 // asStored is f as APISIX keeps it: cjson encodes numbers with 14 significant digits

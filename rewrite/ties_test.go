@@ -225,3 +225,30 @@ func TestAMergedYAMLChangeAtVSPlusOneGoesAtTheClock(t *testing.T) {
 		}
 	}
 }
+
+// TestLostTiesAtAHigherVersionSeesDeletionsAndOrder: read back at a higher version (a
+// writer came after), a deletion or a reorder of the client's own items that a writer's
+// copy kept out is not on the data plane: lost, at either version.
+func TestLostTiesAtAHigherVersionSeesDeletionsAndOrder(t *testing.T) {
+	rw := NewMerging(DefaultPreserve, []string{"global_rules"})
+	before := `[{"id":"a","plugins":{"cors":{}}},{"id":"b","plugins":{"gzip":{}}},{"id":"x","plugins":{"zipkin":{}}}]`
+	for _, tc := range []struct{ name, sent, readAtHigher string }{
+		{"deletion of x", `[{"id":"a","plugins":{"cors":{}}},{"id":"b","plugins":{"gzip":{}}}]`, before},
+		{"reorder b,a (global_rules keep their order)", `[{"id":"b","plugins":{"gzip":{}}},{"id":"a","plugins":{"cors":{}}},{"id":"x","plugins":{"zipkin":{}}}]`, before},
+	} {
+		body := []byte(`{"global_rules_conf_version":1001,"global_rules":` + tc.sent + `}`)
+		st := &State{Versions: map[string]float64{"global_rules": 1000}, Items: map[string][]byte{"global_rules": []byte(before)}, ItemsKnown: true}
+		p, _ := rw.Prepare(body)
+		res, err := rw.Decide(p, Input{Body: body, State: st, Owned: Ownership{"global_rules": {"a", "b", "x"}}})
+		if err != nil || !res.SentAtATie() {
+			t.Fatalf("%s: tie %v err %v", tc.name, res.SentAtATie(), err)
+		}
+		for _, v := range []float64{1001, 1002} {
+			read := &State{Versions: map[string]float64{"global_rules": v}, Items: map[string][]byte{"global_rules": []byte(tc.readAtHigher)}, ItemsKnown: true}
+			lost, _ := rw.LostTies(res, res.Body, read)
+			if len(lost) == 0 {
+				t.Errorf("%s read at %v: not on the data plane, taken as landed", tc.name, v)
+			}
+		}
+	}
+}

@@ -255,12 +255,18 @@ func (t *Tx) Read(st *rewrite.State, digest, lastModified string, noHead bool, c
 // TieLost: a read after an accepted PUT (Read first) shows sections the PUT sent at the
 // data plane's version plus one holding a writer's copy at that very version — APISIX
 // took the equal version as "keep what you hold". The record no longer vouches for the
-// client's copy there, and the kept configuration is what was read (st nil: no read).
+// client's copy there, and the kept configuration is what was read. st nil: it could
+// not be read, so what the data plane holds is not known — the kept configuration (the
+// PUT's, whose digest the data plane shows either way) is forgotten and the watch reads
+// it back, so that a re-seed never restores the client's copy over a writer's.
 func (t *Tx) TieLost(sections []string, st *rewrite.State, digest, lastModified string) {
 	b := t.b
 	defer b.publish()
 	b.record = b.record.Without(sections)
-	if st != nil && b.keep && st.ItemsKnown && lastModified != "" {
+	switch {
+	case st == nil:
+		b.forgetKept()
+	case b.keep && st.ItemsKnown && lastModified != "":
 		b.setKept(keptFromState(st, digest, lastModified, b.owned))
 	}
 }

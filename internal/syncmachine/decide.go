@@ -253,6 +253,7 @@ func (s *Sync) decideBody() Action {
 	in := s.body.in
 	in.State, in.Record, in.Owned = s.round.state, v.Record, v.Owned
 	in.Now, in.Unread = s.nowMillis(), !s.round.proven
+	in.AvoidTies = s.conflicted // decided again: no second read-back (at most four requests, §3)
 	s.round.buf = s.cfg.Buffers.Get()
 	in.Buf = *s.round.buf
 	s.round.in = in

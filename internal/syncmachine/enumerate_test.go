@@ -53,10 +53,10 @@ func TestEveryAnswerSequence(t *testing.T) {
 			}
 		}
 	})
-	t.Logf("%d answer sequences (at most %d faults each) over %d scenarios and %d flag combinations, in %s; %d ended on a writer's equal version met twice",
+	t.Logf("%d answer sequences (at most %d faults each) over %d scenarios and %d flag combinations, in %s; %d ended on a writer's equal version not sent again (FailTieLost)",
 		total.Load(), maxFaults, len(scenarios()), combos, time.Since(start).Round(time.Millisecond), tiesLost.Load())
 	if maxFaults >= 2 && tiesLost.Load() == 0 && !t.Failed() {
-		t.Errorf("no sequence reached the answer to a writer's equal version met twice (FailTieLost): the enumeration lost a path")
+		t.Errorf("no sequence reached the answer to a writer's equal version not sent again (FailTieLost): the enumeration lost a path")
 	}
 }
 

@@ -111,6 +111,7 @@ func (s *Sync) accepted(ans *apisix.Answer, o dataplane.Outcome, sent Outgoing) 
 		t.Before, t.DecidedOn, t.Res, t.After = v.KeptState(), s.round.in.State, o.Res, o.Prepared
 	}
 	s.touched = append(s.touched, t)
+	s.tiesLost = nil // a PUT decided again was accepted: it carries the change
 	for _, m := range s.tx.Answered(o) {
 		s.note(Note{Kind: NoteUnowned, Merge: m})
 	}
@@ -118,15 +119,15 @@ func (s *Sync) accepted(ans *apisix.Answer, o dataplane.Outcome, sent Outgoing) 
 	s.second.deciding = false
 	if ans.Status != http.StatusNoContent && o.Res.SentAtATie() {
 		if s.fallbackWork() && !s.affords("reading back a section sent at the data plane's version + 1") {
-			return s.tieUnverified(errTieBudget)
+			return s.tieUnverified(ErrTieBudget)
 		}
 		return s.to(phaseTie, Read{Until: s.readBackUntil()})
 	}
 	return s.afterAccepted()
 }
 
-// errTieBudget: the budget of a sync with fallback work left no time to read back.
-var errTieBudget = errors.New("the budget of a sync with fallback work ended before the read-back")
+// ErrTieBudget: the budget of a sync with fallback work left no time to read back.
+var ErrTieBudget = errors.New("the budget of a sync with fallback work ended before the read-back")
 
 // fallbackWork: the sync did §8.5's work (rounds, a hold before the PUT, the second
 // step), so it is answered within its budget.
@@ -165,6 +166,9 @@ func (s *Sync) tieUnverified(err error) Action {
 func (s *Sync) tieRead(ev Event) Action {
 	a := s.applied
 	if ev.Err != nil {
+		if s.fallbackWork() && !s.now.Before(s.budgetEnd()) {
+			ev.Err = ErrTieBudget // the read-back was cut where the budget ends, not by APISIX
+		}
 		return s.tieUnverified(ev.Err)
 	}
 	s.recordRead(ev.Read)
@@ -178,10 +182,13 @@ func (s *Sync) tieRead(ev Event) Action {
 	}
 	s.tx.TieLost(sections, ev.Read.State, ev.Read.Digest, ev.Read.LastModified)
 	s.note(Note{Kind: NoteMoves, Moves: moves, How: learntByTie})
+	// the sync's answer is no longer this PUT's: until a PUT decided again is accepted,
+	// it ends on the loss (FailTieLost, in end), the rest applied
+	s.tiesLost, s.earlier = lost, append(s.earlier, a.res)
 	if s.conflicted {
 		return s.fail(Failure{Kind: FailTieLost, Ties: lost, Applied: true})
 	}
-	s.conflicted = true
+	s.conflicted = true // the decision again avoids a tie (Input.AvoidTies): no second read-back
 	s.note(Note{Kind: NoteConflictRetry})
 	if len(a.held) > 0 {
 		s.carried, s.holdAgain = a.held, true

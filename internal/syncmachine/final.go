@@ -29,6 +29,10 @@ type Final struct {
 	Untouched metrics.UntouchedReason
 	// Touched is what each accepted PUT of the sync took, for the ids it touched.
 	Touched []Touched
+	// Earlier are accepted decisions of the sync before the one Answer is to (a PUT a
+	// writer's equal version kept a section out of, decided again): their rewrites are
+	// part of what the sync did (the header, the metrics).
+	Earlier []*rewrite.Result
 
 	rejectHeld bool // --fallback-answer rejection
 }
@@ -94,7 +98,7 @@ func (f *Final) Reply() (ans *apisix.Answer, actions string) {
 	if f.Accepted() {
 		held = f.Held
 	}
-	actions = actionsHeader(ans, f.Res, held)
+	actions = actionsHeader(ans, f.Res, held, f.Earlier)
 	if f.Accepted() && len(f.Held) > 0 && f.rejectHeld {
 		ans = heldRejection(ans, f.Held)
 	}
@@ -104,7 +108,12 @@ func (f *Final) Reply() (ans *apisix.Answer, actions string) {
 // end ends the sync on the last complete answer: the last PUT APISIX accepted since the
 // data plane last moved, else ans, else APISIX's answer to the last decided PUT.
 func (s *Sync) end(ans *apisix.Answer) Action {
-	f := &Final{Untouched: s.round.untouched, Touched: s.touched, rejectHeld: s.cfg.RejectHeld}
+	if s.applied == nil && len(s.tiesLost) > 0 {
+		// an accepted PUT lost a tie and no PUT decided again was accepted since: the
+		// rest of the sync is applied, the change in those sections is not
+		return s.fail(Failure{Kind: FailTieLost, Ties: s.tiesLost, Applied: true})
+	}
+	f := &Final{Untouched: s.round.untouched, Touched: s.touched, Earlier: s.earlier, rejectHeld: s.cfg.RejectHeld}
 	switch a := s.applied; {
 	case a != nil:
 		f.Answer, f.Held, f.Res, f.Sent = a.answer, a.held, a.res, a.sent
@@ -174,20 +183,22 @@ func heldRejection(applied *apisix.Answer, held []HeldItem) *apisix.Answer {
 
 // actionsHeader is X-Confshim-Actions when sections were rewritten or items held (never
 // on APISIX's refusal of the caller: that would tell a stranger the decision).
-func actionsHeader(ans *apisix.Answer, res *rewrite.Result, held []HeldItem) string {
+func actionsHeader(ans *apisix.Answer, res *rewrite.Result, held []HeldItem, earlier []*rewrite.Result) string {
 	switch {
 	case ans.Status == http.StatusUnauthorized || ans.Status == http.StatusForbidden:
 		return ""
-	case len(held) > 0:
+	case len(held) > 0 || len(earlier) > 0:
 		var entries []string
-		if res != nil && len(res.Changes) > 0 {
-			entries = strings.Split(res.Actions(), ", ")
+		for _, r := range append(slices.Clone(earlier), res) {
+			if r != nil && len(r.Changes) > 0 {
+				entries = append(entries, strings.Split(r.Actions(), ", ")...)
+			}
 		}
 		for _, s := range rewrite.HeldSections(held) {
 			entries = append(entries, rewrite.Clip(s)+"="+string(rewrite.Backfilled))
 		}
 		slices.Sort(entries)
-		return strings.Join(entries, ", ")
+		return strings.Join(slices.Compact(entries), ", ")
 	case res != nil && len(res.Changes) > 0:
 		return res.Actions()
 	}

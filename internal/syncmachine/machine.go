@@ -206,20 +206,22 @@ type Sync struct {
 	round round // the decision being made or sent
 
 	// what lasts across decisions
-	learnt     string          // how a fresh read learns an out-of-band write
-	body       upfront         // the body decided: the client's, or its correction before the PUT
-	holdAgain  bool            // the next decision works the steady state out again
-	carried    []HeldItem      // held by a fallback of this sync before it was decided again
-	recheck    rewrite.Recheck // what validating held items alone said in this sync
-	conflicted bool            // decided again once after the data plane moved
-	redials    int             // decided again after the decide connection closed
-	second     secondStep      // §8.5's second step
-	fb         *fallbackWork   // the rounds after a decided PUT's 400
-	rejection  *apisix.Answer  // APISIX's answer to the last decided PUT, when not a 2xx
-	applied    *appliedPut     // the last PUT APISIX accepted since the data plane last moved
-	touched    []Touched       // what each accepted PUT took, for the ids it touched
-	took       time.Duration   // how long the last PUT took (a PUT as long must fit the budget)
-	notes      []Note          // what happened since the driver last asked
+	learnt     string            // how a fresh read learns an out-of-band write
+	body       upfront           // the body decided: the client's, or its correction before the PUT
+	holdAgain  bool              // the next decision works the steady state out again
+	carried    []HeldItem        // held by a fallback of this sync before it was decided again
+	recheck    rewrite.Recheck   // what validating held items alone said in this sync
+	conflicted bool              // decided again once after the data plane moved
+	redials    int               // decided again after the decide connection closed
+	second     secondStep        // §8.5's second step
+	fb         *fallbackWork     // the rounds after a decided PUT's 400
+	rejection  *apisix.Answer    // APISIX's answer to the last decided PUT, when not a 2xx
+	applied    *appliedPut       // the last PUT APISIX accepted since the data plane last moved
+	touched    []Touched         // what each accepted PUT took, for the ids it touched
+	took       time.Duration     // how long the last PUT took (a PUT as long must fit the budget)
+	tiesLost   []rewrite.Change  // sections a writer's equal version kept out of an accepted PUT, not yet sent again
+	earlier    []*rewrite.Result // accepted decisions the sync's answer is no longer drawn from (a lost tie's)
+	notes      []Note            // what happened since the driver last asked
 	final      *Final
 }
 
