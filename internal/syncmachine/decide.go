@@ -21,6 +21,9 @@ import (
 // decide starts a decision (fresh: read, whatever is believed).
 func (s *Sync) decide(fresh bool) Action {
 	s.round = round{fresh: fresh}
+	if fresh {
+		s.tiesLost = nil // the read decides on what the data plane holds, the tie's PUT included
+	}
 	if s.in.Untouched != "" {
 		s.round.untouched = s.in.Untouched
 		return s.send()
