@@ -240,6 +240,9 @@ type contractModel struct {
 	lost      bool // a restart since the last check that found the operator's items
 	// matched is the landing the last check found on the data plane
 	matched landing
+	// ruleAt: the operator's tracing rule is from this write, not the newest (0: it is),
+	// after its newest write raced a sync that replaced the rule and not the secret
+	ruleAt int
 	// unobserved are the landings before a sync whose outcome confshim did not learn (a
 	// PUT answered after --upstream-timeout, which may land later), until confshim has
 	// seen the data plane again: what it kept is "the newest configuration confshim
@@ -287,13 +290,23 @@ func (m *contractModel) check(doc map[string]any) string {
 	if m.lost {
 		ops = append([]int{m.known}, m.newer...)
 	}
-	if m.raced && m.op > 0 && !slices.Contains(ops, m.op-1) {
+	raced := m.raced && m.op > 0
+	if raced && !slices.Contains(ops, m.op-1) {
 		ops = append(ops, m.op-1)
 	}
 	m.raced = false
 	for _, l := range fits {
 		for _, n := range ops {
-			if m.checkOperator(doc, l, n) == "" {
+			ruleAt := 0 // the raced write survived in one section and not the other
+			for _, r := range []int{m.op, m.op - 1} {
+				if raced && r != n && ruleAt == 0 && m.checkOperatorWrites(doc, l, n, r) == "" {
+					ruleAt = r
+				}
+			}
+			if m.checkOperator(doc, l, n) == "" || ruleAt != 0 {
+				if ruleAt != 0 {
+					m.ruleAt = ruleAt
+				}
 				if l.fresh && !m.lost {
 					m.known, m.pending = m.op, nil
 				}
@@ -331,6 +344,16 @@ func emptyItems(canonical string) bool { return canonical == "null" || canonical
 // checkOperator: secrets preserved hold the operator's write n (§5.3); merged sections
 // hold the client's items as l says plus the operator's (§8.6).
 func (m *contractModel) checkOperator(doc map[string]any, l landing, n int) string {
+	if m.ruleAt != 0 && n == m.op {
+		return m.checkOperatorWrites(doc, l, n, m.ruleAt)
+	}
+	return m.checkOperatorWrites(doc, l, n, n)
+}
+
+// checkOperatorWrites: the operator's secret from write n, its tracing rule from write
+// nRule — apart only when its newest write raced a PUT of the sync, which replaces the
+// sections it sends at higher versions and not the one an equal version kept (§5.4).
+func (m *contractModel) checkOperatorWrites(doc map[string]any, l landing, n, nRule int) string {
 	var secrets, rules []map[string]any
 	if n > 0 {
 		secrets = append(secrets, operatorSecret(n))
@@ -338,8 +361,8 @@ func (m *contractModel) checkOperator(doc map[string]any, l landing, n int) stri
 	if m.flags.merge {
 		cfg := l.onDataPlane(true)
 		rules = append(rules, cfg["global_rules"]...)
-		if n > 0 {
-			rules = append(rules, operatorRule(n))
+		if nRule > 0 {
+			rules = append(rules, operatorRule(nRule))
 		}
 		secrets = append(secrets, cfg["secrets"]...)
 		raw, _ := json.Marshal(doc["global_rules"])
@@ -496,6 +519,7 @@ func (m *contractModel) answered(d desired, secrets []int, status int, body, act
 
 // wrote: the operator wrote straight to the data plane.
 func (m *contractModel) wrote() int {
+	m.ruleAt = 0 // a read-modify-write of the whole document: both from this write
 	m.op++
 	m.pending = append(m.pending, m.op)
 	return m.op
