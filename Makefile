@@ -86,10 +86,10 @@ model:
 # Every sequence of APISIX answers to the sync machine's calls with at most
 # ENUMERATE_FAULTS answers that are not the emulated APISIX's own (a racing write, no
 # answer, a lost answer, a restart, the budget or deadline running out, slow workers,
-# a dict too small, a racing write past the budget), checked from the data plane
-# (internal/syncmachine/enumerate_test.go). make test runs the set of 2; each fault more
-# is seven to ten times the sequences (1: 852, 2: 8,818 in 7 s, 3: 66,583 in 60 s on 2
-# cores).
+# a dict too small, a racing write past the budget, an operator's +1 racing a merged
+# section sent at vS+1), checked from the data plane (internal/syncmachine/
+# enumerate_test.go). make test runs the set of 2; each fault more is seven to ten times
+# the sequences (1: 1,214, 2: 11,785 in 8 s, 3: 84,434 in about 2 min on 2 cores).
 ENUMERATE_FAULTS ?= 3
 enumerate:
 	ENUMERATE_FAULTS=$(ENUMERATE_FAULTS) $(GO) test -count=1 -run 'TestEveryAnswerSequence' -v -timeout 0 ./internal/syncmachine/ | grep -E '^(---|ok|FAIL|\s+enumerate_test)'
