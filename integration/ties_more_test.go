@@ -312,3 +312,32 @@ func TestAYAMLMergedChangeLandsWithTheClockBehind(t *testing.T) {
 		t.Errorf("answered %d, but the client's token b is not on the data plane", st)
 	}
 }
+
+// A sync decided again after a plain version conflict (a writer is active right now)
+// does not send a merged section at vS+1 either, where its change would have to be read
+// back past the four requests (§3): it goes at the clock's version, and the header says
+// so (secrets=bumped: a version the client did not send, §5.5).
+func TestAConflictRetryReportsAMergedSectionItMovesOffATie(t *testing.T) {
+	t.Parallel()
+	var hook onNthPut
+	s := newStack(t, stackOptions{merge: []string{"secrets"}, trust: proxy.TrustNever, wrap: hook.wrap})
+	c := s.client(true)
+	clock := int64(1_000_000)
+	c.Clock = func() int64 { return clock }
+	mustLand(t, sync1(t, c, withSecretR("v1", "a")))
+	clock++              // the client's secrets version is the data plane's + 1
+	hook.arm(1, func() { // an operator raises routes before the sync's PUT: a version conflict
+		s.oobPut(t, func(doc map[string]any) { doc["routes_conf_version"] = doc["routes_conf_version"].(float64) + 100 })
+	})
+	res := sync1(t, c, withSecretR("v2", "b"))
+	mustLand(t, res)
+	if got := s.items(t, "secrets"); !strings.Contains(got, `"token":"b"`) {
+		t.Fatalf("secrets %s", got)
+	}
+	if v := s.em.SectionVersion("secrets"); v <= float64(clock) {
+		t.Fatalf("secrets at %v: the retry went at the client's vS+1", v)
+	}
+	if actions := res.Header.Get("X-Confshim-Actions"); !strings.Contains(actions, "secrets=bumped") {
+		t.Fatalf("X-Confshim-Actions %q: the secrets version confshim chose is not reported", actions)
+	}
+}

@@ -399,8 +399,8 @@ func (d *decision) applyUnion(u unionPlan) (outcome, Change, bool, error) {
 		if in.Unread {
 			o.applied = d.stampClientVersion(section, vi, o.applied, vS)
 		}
-		if in.AvoidTies {
-			o.applied = d.untie(section, vi, o.applied, vS)
+		if u := d.untied(o.applied, vS); in.AvoidTies && u != o.applied {
+			return d.untie(section, vi, o, change, u)
 		}
 		return o, change, false, nil
 	case present && vR > vS && storable(vR) > vS:

@@ -94,8 +94,8 @@ func (d *decision) compare(section string, sl slots, o outcome, change Change, v
 		if d.in.Unread {
 			o.applied = d.stampClientVersion(section, sl.version, storable(vR), vS)
 		}
-		if d.stampTie {
-			o.applied = d.untie(section, sl.version, o.applied, vS)
+		if u := d.untied(o.applied, vS); d.stampTie && u != o.applied {
+			return d.untie(section, sl.version, o, change, u)
 		}
 		return o, change, false, nil
 	case vR > vS && !eq:
@@ -144,15 +144,13 @@ func (d *decision) untied(v, vS float64) float64 {
 	return v
 }
 
-// untie sends section at untied(v) when that moves it (a stamp: part of the digest's
-// decisions, not reported), and returns the version it goes at.
-func (d *decision) untie(section string, vi int, v, vS float64) float64 {
-	u := d.untied(v, vS)
-	if u != v {
-		d.e.setVersion(&d.p.obj, vi, section, u)
-		d.res.stamped = append(d.res.stamped, Change{Section: section, From: v, To: u})
-	}
-	return u
+// untie sends a section the client sent at vS+1 at u instead (untied): a version the
+// client did not send, reported as bumped (§5.5).
+func (d *decision) untie(section string, vi int, o outcome, change Change, u float64) (outcome, Change, bool, error) {
+	change.Action, change.To = Bumped, u
+	o.applied = u
+	d.e.setVersion(&d.p.obj, vi, section, u)
+	return o, change, true, nil
 }
 
 // sectionStart is what every section's decision starts from: the client's version
